@@ -1,0 +1,198 @@
+//! Rust mirrors of the values in the shared BPF maps (`ebpf/aggbox_maps.h`),
+//! with a test that each layout matches the C definition.
+
+/// Map names, as in `ebpf/aggbox_maps.h` (at most 15 characters).
+pub mod names {
+    /// Local UDP port -> group.
+    pub const PORTS: &str = "ab_ports";
+    /// Group id -> token and size.
+    pub const GROUPS: &str = "ab_groups";
+    /// (group, rank) -> address.
+    pub const MEMBERS: &str = "ab_members";
+    /// (pid, port) -> process using the attachment.
+    pub const USERS: &str = "ab_users";
+    /// Per-CPU counters.
+    pub const STATS: &str = "ab_stats";
+    /// Every pinned map.
+    pub const ALL: [&str; 5] = [PORTS, GROUPS, MEMBERS, USERS, STATS];
+}
+
+/// `struct aggbox_port`.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[repr(C)]
+pub struct PortValue {
+    /// The group this port's communicator serves.
+    pub group: u32,
+}
+
+/// `struct aggbox_group`.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[repr(C)]
+pub struct GroupValue {
+    /// The group token every datagram must carry.
+    pub token: u64,
+    /// Ranks in the group.
+    pub size: u32,
+    /// Zero.
+    pub reserved: u32,
+}
+
+/// `struct aggbox_member_key`.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+#[repr(C)]
+pub struct MemberKey {
+    /// Group id.
+    pub group: u32,
+    /// Rank in the group.
+    pub rank: u32,
+}
+
+/// `struct aggbox_member`.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[repr(C)]
+pub struct MemberValue {
+    /// IPv4 address in network byte order (as in the IP header).
+    pub ipv4: u32,
+    /// UDP port in host byte order.
+    pub port: u16,
+    /// MAC address.
+    pub mac: [u8; 6],
+}
+
+/// `struct aggbox_user_key`.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+#[repr(C)]
+pub struct UserKey {
+    /// Process id.
+    pub pid: u32,
+    /// The communicator's local UDP port.
+    pub port: u16,
+    /// Zero.
+    pub reserved: u16,
+}
+
+/// `struct aggbox_user`.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[repr(C)]
+pub struct UserValue {
+    /// Start time of the process (field 22 of `/proc/<pid>/stat`).
+    pub start_time: u64,
+    /// The group the communicator serves.
+    pub group: u32,
+    /// Zero.
+    pub reserved: u32,
+}
+
+// SAFETY: all of these are repr(C) plain data without padding holes that
+// matter to the kernel (reserved fields are explicit), valid for any bits.
+unsafe impl aya::Pod for PortValue {}
+unsafe impl aya::Pod for GroupValue {}
+unsafe impl aya::Pod for MemberKey {}
+unsafe impl aya::Pod for MemberValue {}
+unsafe impl aya::Pod for UserKey {}
+unsafe impl aya::Pod for UserValue {}
+
+/// The programs that keep counters (`enum aggbox_prog`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[repr(u32)]
+pub enum Prog {
+    /// XDP ingress.
+    XdpIngress = 0,
+    /// TC ingress.
+    TcIngress = 1,
+    /// TC egress.
+    TcEgress = 2,
+}
+
+impl Prog {
+    /// Every program, in index order.
+    pub const ALL: [Prog; 3] = [Prog::XdpIngress, Prog::TcIngress, Prog::TcEgress];
+    /// Short name used in reports.
+    pub fn name(self) -> &'static str {
+        match self {
+            Prog::XdpIngress => "xdp_ingress",
+            Prog::TcIngress => "tc_ingress",
+            Prog::TcEgress => "tc_egress",
+        }
+    }
+}
+
+/// Per-program counters (`enum aggbox_stat`), in index order.
+pub const STAT_NAMES: [&str; 10] = [
+    "seen",
+    "passed_other",
+    "accepted",
+    "drop_truncated",
+    "drop_bad_magic",
+    "drop_bad_version",
+    "drop_bad_kind",
+    "drop_unknown_group",
+    "drop_bad_token",
+    "drop_not_member",
+];
+/// Number of counters per program (`AGGBOX_STAT_MAX`).
+pub const STAT_MAX: usize = STAT_NAMES.len();
+
+#[cfg(test)]
+mod tests {
+    use std::mem::{offset_of, size_of};
+
+    use super::*;
+    use crate::layout_check::c_values;
+
+    #[test]
+    fn values_match_the_c_definitions() {
+        let exprs: Vec<String> = [
+            "sizeof(struct aggbox_port)",
+            "offsetof(struct aggbox_port, group)",
+            "sizeof(struct aggbox_group)",
+            "offsetof(struct aggbox_group, token)",
+            "offsetof(struct aggbox_group, size)",
+            "sizeof(struct aggbox_member_key)",
+            "offsetof(struct aggbox_member_key, rank)",
+            "sizeof(struct aggbox_member)",
+            "offsetof(struct aggbox_member, ipv4)",
+            "offsetof(struct aggbox_member, port)",
+            "offsetof(struct aggbox_member, mac)",
+            "sizeof(struct aggbox_user_key)",
+            "offsetof(struct aggbox_user_key, port)",
+            "sizeof(struct aggbox_user)",
+            "offsetof(struct aggbox_user, group)",
+            "AGGBOX_PROG_XDP_INGRESS",
+            "AGGBOX_PROG_TC_INGRESS",
+            "AGGBOX_PROG_TC_EGRESS",
+            "AGGBOX_PROG_MAX",
+            "AGGBOX_STAT_ACCEPTED",
+            "AGGBOX_STAT_DROP_NOT_MEMBER",
+            "AGGBOX_STAT_MAX",
+        ]
+        .map(String::from)
+        .to_vec();
+        let rust = vec![
+            size_of::<PortValue>(),
+            offset_of!(PortValue, group),
+            size_of::<GroupValue>(),
+            offset_of!(GroupValue, token),
+            offset_of!(GroupValue, size),
+            size_of::<MemberKey>(),
+            offset_of!(MemberKey, rank),
+            size_of::<MemberValue>(),
+            offset_of!(MemberValue, ipv4),
+            offset_of!(MemberValue, port),
+            offset_of!(MemberValue, mac),
+            size_of::<UserKey>(),
+            offset_of!(UserKey, port),
+            size_of::<UserValue>(),
+            offset_of!(UserValue, group),
+            Prog::XdpIngress as usize,
+            Prog::TcIngress as usize,
+            Prog::TcEgress as usize,
+            Prog::ALL.len(),
+            STAT_NAMES.iter().position(|n| *n == "accepted").unwrap(),
+            STAT_NAMES.iter().position(|n| *n == "drop_not_member").unwrap(),
+            STAT_MAX,
+        ];
+        let rust: Vec<u64> = rust.into_iter().map(|v| v as u64).collect();
+        assert_eq!(rust, c_values("aggbox_maps.h", &exprs));
+    }
+}

@@ -1,0 +1,55 @@
+//! Per-communicator counters, from user space and from the kernel maps.
+
+use crate::{
+    maps::{Prog, STAT_MAX, STAT_NAMES},
+    Datapath,
+};
+
+/// Counters the communicator keeps in user space.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct UserStats {
+    /// Datagrams sent (every copy, retransmissions included).
+    pub packets_sent: u64,
+    /// Datagrams received on the communicator's socket.
+    pub packets_received: u64,
+    /// Datagrams sent again because an answer did not come in time.
+    pub retransmits: u64,
+    /// Received datagrams that repeated one already handled.
+    pub duplicates: u64,
+    /// Received datagrams dropped as malformed (truncated, bad magic/version/kind).
+    pub dropped_malformed: u64,
+    /// Received datagrams dropped for a wrong group, token or sender.
+    pub dropped_foreign: u64,
+    /// Barriers completed.
+    pub barriers: u64,
+}
+
+/// Counters of the BPF programs on the communicator's interface. They are per
+/// interface, shared by every communicator attached there.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct KernelStats {
+    /// `counters[prog][stat]`, indexed by [`Prog`] and [`STAT_NAMES`].
+    pub counters: [[u64; STAT_MAX]; 3],
+}
+
+impl KernelStats {
+    /// The counter named `stat` (one of [`STAT_NAMES`]) of `prog`.
+    pub fn get(&self, prog: Prog, stat: &str) -> u64 {
+        let index = STAT_NAMES
+            .iter()
+            .position(|name| *name == stat)
+            .unwrap_or_else(|| panic!("unknown counter {stat}"));
+        self.counters[prog as usize][index]
+    }
+}
+
+/// A snapshot of a communicator's counters.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Stats {
+    /// The datapath in use.
+    pub datapath: Datapath,
+    /// User-space counters.
+    pub user: UserStats,
+    /// Kernel counters (all zero on the user datapath).
+    pub kernel: KernelStats,
+}

@@ -1,0 +1,236 @@
+//! The AggBox wire format, mirrored from `ebpf/aggbox_wire.h` (the single
+//! definition; a test checks that the size and every offset match).
+//! `docs/PROTOCOL.md` describes each field and each kind.
+
+#[cfg(not(target_endian = "little"))]
+compile_error!("AggBox's wire format is little-endian and so far only little-endian hosts are supported");
+
+/// "AGBX" read as a little-endian u32.
+pub const MAGIC: u32 = 0x5842_4741;
+/// The protocol version this build speaks.
+pub const VERSION: u8 = 1;
+/// Bytes of [`Header`] on the wire.
+pub const HDR_LEN: usize = 40;
+/// Most ranks a group may have.
+pub const MAX_RANKS: usize = 256;
+/// Header flag: this datagram repeats an earlier one.
+pub const FLAG_RETRANSMIT: u16 = 0x0001;
+
+/// What a datagram is (`enum aggbox_kind`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[repr(u8)]
+pub enum Kind {
+    /// rank -> rank 0: "I reached barrier `seq`".
+    BarrierArrive = 1,
+    /// rank 0 -> rank: "barrier `seq` is complete".
+    BarrierRelease = 2,
+    /// rank -> rank 0: "I am done with every operation".
+    Close = 3,
+    /// rank 0 -> rank: "every rank is done; leave".
+    CloseAck = 4,
+}
+
+impl Kind {
+    /// The kind with this wire value, if any.
+    pub fn from_u8(value: u8) -> Option<Kind> {
+        Some(match value {
+            1 => Kind::BarrierArrive,
+            2 => Kind::BarrierRelease,
+            3 => Kind::Close,
+            4 => Kind::CloseAck,
+            _ => return None,
+        })
+    }
+}
+
+/// `struct aggbox_hdr`: the fixed header at the start of every AggBox UDP
+/// payload. All fields little-endian.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[repr(C)]
+pub struct Header {
+    /// [`MAGIC`].
+    pub magic: u32,
+    /// [`VERSION`].
+    pub version: u8,
+    /// A [`Kind`] value.
+    pub kind: u8,
+    /// `FLAG_*` bits.
+    pub flags: u16,
+    /// Group id, chosen at rendezvous.
+    pub group: u32,
+    /// Rank of the sender.
+    pub sender: u16,
+    /// Element type of the payload.
+    pub dtype: u8,
+    /// Reduction op.
+    pub op: u8,
+    /// Random group token, chosen at rendezvous.
+    pub token: u64,
+    /// Operation sequence number within the group.
+    pub seq: u32,
+    /// Chunk index within the operation.
+    pub chunk: u32,
+    /// Number of chunks of the operation.
+    pub nchunks: u32,
+    /// Elements of `dtype` in this datagram.
+    pub count: u32,
+}
+
+const _: () = assert!(std::mem::size_of::<Header>() == HDR_LEN);
+
+/// Why a datagram was refused (the user datapath counts these like the BPF
+/// programs do).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Malformed {
+    /// Shorter than the header.
+    Truncated,
+    /// Not AggBox's magic.
+    BadMagic,
+    /// Another protocol version.
+    BadVersion,
+    /// An unknown kind.
+    BadKind,
+}
+
+impl Header {
+    /// A header of `kind` with the magic and version filled in.
+    pub fn new(kind: Kind, group: u32, token: u64, sender: u16, seq: u32) -> Header {
+        Header {
+            magic: MAGIC,
+            version: VERSION,
+            kind: kind as u8,
+            group,
+            token,
+            sender,
+            seq,
+            ..Header::default()
+        }
+    }
+
+    /// Writes the header into the first [`HDR_LEN`] bytes of `buf`.
+    ///
+    /// # Panics
+    /// If `buf` is shorter than [`HDR_LEN`] (a bug of the caller).
+    pub fn write_to(&self, buf: &mut [u8]) {
+        assert!(buf.len() >= HDR_LEN, "buffer too short for an AggBox header");
+        // SAFETY: Header is repr(C) plain data of exactly HDR_LEN bytes, the
+        // target is little-endian like the wire, and buf has room.
+        unsafe { std::ptr::write_unaligned(buf.as_mut_ptr().cast::<Header>(), *self) }
+    }
+
+    /// Reads and checks the header at the start of `buf`.
+    pub fn read_from(buf: &[u8]) -> Result<(Header, Kind), Malformed> {
+        if buf.len() < HDR_LEN {
+            return Err(Malformed::Truncated);
+        }
+        // SAFETY: buf holds at least HDR_LEN bytes and every bit pattern is a
+        // valid Header.
+        let header = unsafe { std::ptr::read_unaligned(buf.as_ptr().cast::<Header>()) };
+        if header.magic != MAGIC {
+            return Err(Malformed::BadMagic);
+        }
+        if header.version != VERSION {
+            return Err(Malformed::BadVersion);
+        }
+        let kind = Kind::from_u8(header.kind).ok_or(Malformed::BadKind)?;
+        Ok((header, kind))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::mem::offset_of;
+
+    use super::*;
+    use crate::layout_check::c_values;
+
+    #[test]
+    fn header_matches_the_c_definition() {
+        let fields = [
+            "magic", "version", "kind", "flags", "group", "sender", "dtype", "op", "token", "seq",
+            "chunk", "nchunks", "count",
+        ];
+        let mut exprs = vec!["sizeof(struct aggbox_hdr)".to_string(), "AGGBOX_HDR_LEN".into()];
+        exprs.extend(fields.iter().map(|f| format!("offsetof(struct aggbox_hdr, {f})")));
+        exprs.extend(
+            ["AGGBOX_MAGIC", "AGGBOX_VERSION", "AGGBOX_MAX_RANKS", "AGGBOX_FLAG_RETRANSMIT"]
+                .map(String::from),
+        );
+        exprs.extend(
+            [
+                "AGGBOX_KIND_BARRIER_ARRIVE",
+                "AGGBOX_KIND_BARRIER_RELEASE",
+                "AGGBOX_KIND_CLOSE",
+                "AGGBOX_KIND_CLOSE_ACK",
+                "AGGBOX_KIND_MAX",
+            ]
+            .map(String::from),
+        );
+        let c = c_values("aggbox_wire.h", &exprs);
+        let rust = vec![
+            std::mem::size_of::<Header>() as u64,
+            HDR_LEN as u64,
+            offset_of!(Header, magic) as u64,
+            offset_of!(Header, version) as u64,
+            offset_of!(Header, kind) as u64,
+            offset_of!(Header, flags) as u64,
+            offset_of!(Header, group) as u64,
+            offset_of!(Header, sender) as u64,
+            offset_of!(Header, dtype) as u64,
+            offset_of!(Header, op) as u64,
+            offset_of!(Header, token) as u64,
+            offset_of!(Header, seq) as u64,
+            offset_of!(Header, chunk) as u64,
+            offset_of!(Header, nchunks) as u64,
+            offset_of!(Header, count) as u64,
+            MAGIC as u64,
+            VERSION as u64,
+            MAX_RANKS as u64,
+            FLAG_RETRANSMIT as u64,
+            Kind::BarrierArrive as u64,
+            Kind::BarrierRelease as u64,
+            Kind::Close as u64,
+            Kind::CloseAck as u64,
+            Kind::CloseAck as u64 + 1,
+        ];
+        assert_eq!(rust, c);
+    }
+
+    #[test]
+    fn magic_spells_agbx_on_the_wire() {
+        assert_eq!(&MAGIC.to_le_bytes(), b"AGBX");
+    }
+
+    #[test]
+    fn round_trip_and_malformed() {
+        let mut header = Header::new(Kind::BarrierRelease, 7, 0x1122_3344_5566_7788, 5, 99);
+        header.chunk = 3;
+        header.nchunks = 4;
+        header.count = 250;
+        let mut buf = [0u8; HDR_LEN + 3];
+        header.write_to(&mut buf);
+        // Byte-by-byte against the documented layout, independent of the code above.
+        assert_eq!(&buf[0..4], b"AGBX");
+        assert_eq!(buf[4], 1);
+        assert_eq!(buf[5], 2);
+        assert_eq!(&buf[8..12], &7u32.to_le_bytes());
+        assert_eq!(&buf[12..14], &5u16.to_le_bytes());
+        assert_eq!(&buf[16..24], &0x1122_3344_5566_7788u64.to_le_bytes());
+        assert_eq!(&buf[24..28], &99u32.to_le_bytes());
+        assert_eq!(&buf[36..40], &250u32.to_le_bytes());
+        assert_eq!(Header::read_from(&buf), Ok((header, Kind::BarrierRelease)));
+
+        assert_eq!(Header::read_from(&buf[..HDR_LEN - 1]), Err(Malformed::Truncated));
+        let mut bad = buf;
+        bad[0] = b'X';
+        assert_eq!(Header::read_from(&bad), Err(Malformed::BadMagic));
+        let mut bad = buf;
+        bad[4] = 2;
+        assert_eq!(Header::read_from(&bad), Err(Malformed::BadVersion));
+        let mut bad = buf;
+        bad[5] = 0;
+        assert_eq!(Header::read_from(&bad), Err(Malformed::BadKind));
+        bad[5] = 200;
+        assert_eq!(Header::read_from(&bad), Err(Malformed::BadKind));
+    }
+}

@@ -1,0 +1,58 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/*
+ * AggBox wire format: the single definition.
+ *
+ * Every AggBox datagram is IPv4/UDP to a port that a communicator registered
+ * (the `ports` map), and its UDP payload starts with `struct aggbox_hdr`,
+ * followed by `count` elements of `dtype` (or a kind-specific body).
+ *
+ * All multi-byte fields are little-endian: AggBox runs on little-endian hosts
+ * and the kernel adds payload integers in place, so there is no byte swapping
+ * anywhere (Gloo and NCCL send host order too). The Rust mirror lives in
+ * core/src/wire.rs and a test checks that its size and offsets match these.
+ * docs/PROTOCOL.md explains each field and each kind.
+ */
+#ifndef AGGBOX_WIRE_H
+#define AGGBOX_WIRE_H
+
+#include <linux/types.h>
+
+/* "AGBX" read as a little-endian u32. */
+#define AGGBOX_MAGIC 0x58424741u
+#define AGGBOX_VERSION 1
+
+/* What a datagram is. Values are stable on the wire. */
+enum aggbox_kind {
+	AGGBOX_KIND_BARRIER_ARRIVE = 1, /* rank -> rank 0: "I reached barrier `seq`" */
+	AGGBOX_KIND_BARRIER_RELEASE = 2, /* rank 0 -> rank: "barrier `seq` is complete" */
+	AGGBOX_KIND_CLOSE = 3, /* rank -> rank 0: "I am done with every operation" */
+	AGGBOX_KIND_CLOSE_ACK = 4, /* rank 0 -> rank: "every rank is done; leave" */
+	AGGBOX_KIND_MAX = 5, /* first unused value */
+};
+
+/* Header flags. */
+#define AGGBOX_FLAG_RETRANSMIT 0x0001 /* this datagram repeats an earlier one */
+
+/* The fixed header at the start of every AggBox UDP payload (40 bytes). */
+struct aggbox_hdr {
+	__u32 magic; /* AGGBOX_MAGIC */
+	__u8 version; /* AGGBOX_VERSION */
+	__u8 kind; /* enum aggbox_kind */
+	__u16 flags; /* AGGBOX_FLAG_* */
+	__u32 group; /* group id, chosen at rendezvous */
+	__u16 sender; /* rank of the sender in the group */
+	__u8 dtype; /* element type of the payload (aggbox_dtype) */
+	__u8 op; /* reduction op (aggbox_op) */
+	__u64 token; /* random group token, chosen at rendezvous */
+	__u32 seq; /* operation sequence number within the group */
+	__u32 chunk; /* chunk index within the operation */
+	__u32 nchunks; /* number of chunks of the operation */
+	__u32 count; /* elements of dtype in this datagram */
+};
+
+#define AGGBOX_HDR_LEN 40
+
+/* Most ranks a group may have: the sender field and member bitmaps size. */
+#define AGGBOX_MAX_RANKS 256
+
+#endif /* AGGBOX_WIRE_H */
