@@ -1,20 +1,160 @@
 //! The communicator: a group of ranks that run collectives together.
+//!
+//! A communicator owns one UDP socket (its [`Transport`]), the group made by
+//! [`rendezvous`], and, on the kernel datapath, its share of the
+//! [`Attachment`] of the BPF programs on its interface. Every collective is a
+//! method (`barrier.rs` holds the barrier); they share the validated receive
+//! of [`Comm::recv_valid`] and the retransmission timer of [`Backoff`].
 
-use crate::{Config, Datapath, Result, Stats};
+use std::{
+    net::SocketAddrV4,
+    time::{Duration, Instant},
+};
+
+use crate::{
+    loader::Attachment,
+    netif::{self, Interface},
+    rendezvous::{self, GroupInfo, PeerInfo},
+    stats::{KernelStats, UserStats},
+    transport::Transport,
+    wire::{Header, Kind, HDR_LEN},
+    Config, Datapath, Error, Result, Stats,
+};
+
+/// Largest datagram a communicator receives.
+const RECV_BUFFER: usize = 64 * 1024;
+/// First retransmission timeout of a control message.
+const RTO_INITIAL: Duration = Duration::from_millis(2);
+/// Largest retransmission timeout.
+const RTO_MAX: Duration = Duration::from_millis(50);
+/// How long rank 0 keeps answering after every rank said it closed, for a
+/// rank whose acknowledgment was lost.
+const CLOSE_LINGER: Duration = Duration::from_millis(50);
+
+/// Exponential retransmission timer: 2 ms, 4 ms, … up to 50 ms.
+pub(crate) struct Backoff {
+    rto: Duration,
+    next: Instant,
+}
+
+impl Backoff {
+    pub(crate) fn new() -> Backoff {
+        Backoff { rto: RTO_INITIAL, next: Instant::now() + RTO_INITIAL }
+    }
+
+    /// When the next retransmission is due.
+    pub(crate) fn due(&self) -> Instant {
+        self.next
+    }
+
+    /// Whether it is due now; if so, schedules the next one further out.
+    pub(crate) fn fire(&mut self) -> bool {
+        let now = Instant::now();
+        if now < self.next {
+            return false;
+        }
+        self.rto = (self.rto * 2).min(RTO_MAX);
+        self.next = now + self.rto;
+        true
+    }
+}
+
+/// A validated datagram of this group, as [`Comm::recv_valid`] returns it.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Received {
+    pub(crate) header: Header,
+    pub(crate) kind: Kind,
+}
 
 /// A member of a group of ranks. Not `Sync`: one thread at a time runs
 /// collectives on a communicator (as in NCCL and MPI); it may move between
 /// threads.
 pub struct Comm {
-    config: Config,
+    pub(crate) config: Config,
+    pub(crate) group: GroupInfo,
+    pub(crate) transport: Transport,
+    iface: Interface,
+    datapath: Datapath,
+    datapath_reason: Option<String>,
+    attachment: Option<Attachment>,
+    pub(crate) user_stats: UserStats,
+    pub(crate) recv_buf: Vec<u8>,
+    /// Sequence number of the last barrier.
+    pub(crate) barrier_seq: u32,
+    /// Scratch bitmap of ranks heard from, reused by every operation.
+    pub(crate) heard: Vec<bool>,
+    /// Ranks that said they closed their communicator.
+    pub(crate) closed: Vec<bool>,
+    /// Ranks that an operation found dead.
+    pub(crate) failed: Vec<bool>,
 }
 
 impl Comm {
-    /// Joins the group described by `config`: rendezvous with every rank,
-    /// then set up the datapath.
+    /// Joins the group described by `config`: chooses the interface, binds
+    /// the UDP port, sets up the datapath and rendezvouses with every rank.
     pub fn new(config: Config) -> Result<Comm> {
-        let _ = config;
-        todo!()
+        config.validate()?;
+        let iface = netif::choose(config.iface.as_deref(), config.master_addr)?;
+        let transport = Transport::bind(iface.ipv4, config.port)?;
+        let port = transport.local_addr().port();
+
+        let (datapath, datapath_reason, mut attachment) = match config.datapath {
+            Datapath::User => (Datapath::User, None, None),
+            requested => match Self::kernel_attachment(&iface, port) {
+                Ok(attachment) => (Datapath::Kernel, None, Some(attachment)),
+                Err(why) if requested == Datapath::Kernel => {
+                    return Err(Error::Unsupported(format!(
+                        "AGGBOX_DATAPATH=kernel on {}: {why}",
+                        iface.name
+                    )))
+                }
+                Err(why) => {
+                    let reason = format!("auto chose the user datapath on {}: {why}", iface.name);
+                    tracing::warn!("{reason}");
+                    (Datapath::User, Some(reason), None)
+                }
+            },
+        };
+
+        let me = PeerInfo { rank: config.rank, ipv4: iface.ipv4, mac: iface.mac, port, datapath };
+        let group = rendezvous::rendezvous(&config, me)?;
+        if let Some(attachment) = attachment.as_mut() {
+            attachment.register_group(&group)?;
+        }
+        let n = config.world_size;
+        tracing::info!(
+            rank = config.rank,
+            size = n,
+            datapath = datapath.name(),
+            iface = %iface.name,
+            addr = %transport.local_addr(),
+            "communicator ready"
+        );
+        Ok(Comm {
+            config,
+            group,
+            transport,
+            iface,
+            datapath,
+            datapath_reason,
+            attachment,
+            user_stats: UserStats::default(),
+            recv_buf: vec![0; RECV_BUFFER],
+            barrier_seq: 0,
+            heard: vec![false; n],
+            closed: vec![false; n],
+            failed: vec![false; n],
+        })
+    }
+
+    fn kernel_attachment(iface: &Interface, port: u16) -> Result<Attachment, String> {
+        if iface.is_loopback() {
+            return Err(format!(
+                "{} is a loopback interface; the kernel datapath attaches only to a host's network interface",
+                iface.name
+            ));
+        }
+        Attachment::acquire(iface, port).map_err(|e| e.to_string())
     }
 
     /// [`Comm::new`] with [`Config::from_env`].
@@ -34,21 +174,271 @@ impl Comm {
 
     /// The datapath really in use (never `Auto`).
     pub fn datapath(&self) -> Datapath {
-        todo!()
+        self.datapath
     }
 
     /// Why `Auto` fell back to the user datapath, if it did.
     pub fn datapath_reason(&self) -> Option<&str> {
-        todo!()
+        self.datapath_reason.as_deref()
     }
 
-    /// Blocks until every rank has called `barrier`.
-    pub fn barrier(&mut self) -> Result<()> {
-        todo!()
+    /// The interface in use.
+    pub fn iface(&self) -> &Interface {
+        &self.iface
+    }
+
+    /// This rank's UDP endpoint.
+    pub fn local_addr(&self) -> SocketAddrV4 {
+        self.transport.local_addr()
+    }
+
+    /// Every rank's address, port and datapath, as rendezvous made them.
+    pub fn peers(&self) -> &[PeerInfo] {
+        &self.group.peers
+    }
+
+    /// The share of the BPF attachment, on the kernel datapath.
+    pub fn attachment(&self) -> Option<&Attachment> {
+        self.attachment.as_ref()
+    }
+
+    /// The timeout of every operation.
+    pub fn timeout(&self) -> Duration {
+        self.config.timeout
     }
 
     /// A snapshot of the counters.
     pub fn stats(&self) -> Result<Stats> {
-        todo!()
+        let kernel = match &self.attachment {
+            Some(attachment) => attachment.kernel_stats()?,
+            None => KernelStats::default(),
+        };
+        Ok(Stats { datapath: self.datapath, user: self.user_stats, kernel })
+    }
+
+    /// A header of this group from this rank.
+    pub(crate) fn header(&self, kind: Kind, seq: u32) -> Header {
+        Header::new(kind, self.group.group, self.group.token, self.config.rank as u16, seq)
+    }
+
+    /// Sends a header-only datagram to `rank`.
+    pub(crate) fn send_control(&mut self, kind: Kind, seq: u32, rank: usize, retransmit: bool) -> Result<()> {
+        let mut header = self.header(kind, seq);
+        if retransmit {
+            header.flags |= crate::wire::FLAG_RETRANSMIT;
+            self.user_stats.retransmits += 1;
+        }
+        let mut datagram = [0u8; HDR_LEN];
+        header.write_to(&mut datagram);
+        self.transport.send(&datagram, self.group.peers[rank].addr())?;
+        self.user_stats.packets_sent += 1;
+        Ok(())
+    }
+
+    /// Receives the next datagram of this group until `deadline`. Malformed
+    /// datagrams and datagrams of other groups or from non-members are
+    /// dropped and counted (the user-space twin of the XDP checks).
+    pub(crate) fn recv_valid(&mut self, deadline: Instant) -> Result<Option<Received>> {
+        loop {
+            let Some((len, from)) = self.transport.recv(&mut self.recv_buf, deadline)? else {
+                return Ok(None);
+            };
+            self.user_stats.packets_received += 1;
+            let (header, kind) = match Header::read_from(&self.recv_buf[..len]) {
+                Ok(parsed) => parsed,
+                Err(_) => {
+                    self.user_stats.dropped_malformed += 1;
+                    continue;
+                }
+            };
+            let sender = header.sender as usize;
+            let member = header.group == self.group.group
+                && header.token == self.group.token
+                && sender < self.group.peers.len()
+                && self.group.peers[sender].addr() == from;
+            if !member {
+                self.user_stats.dropped_foreign += 1;
+                continue;
+            }
+            return Ok(Some(Received { header, kind }));
+        }
+    }
+
+    /// Answers a datagram that belongs to an operation this rank already
+    /// finished (a peer lost our answer and asked again). Returns whether it
+    /// was such a datagram.
+    pub(crate) fn serve_stale(&mut self, got: &Received) -> Result<bool> {
+        let sender = got.header.sender as usize;
+        match got.kind {
+            Kind::BarrierArrive if self.rank() == 0 && got.header.seq <= self.barrier_seq => {
+                self.user_stats.duplicates += 1;
+                self.send_control(Kind::BarrierRelease, got.header.seq, sender, true)?;
+                Ok(true)
+            }
+            Kind::Close if self.rank() == 0 => {
+                self.closed[sender] = true;
+                self.send_control(Kind::CloseAck, 0, sender, false)?;
+                Ok(true)
+            }
+            _ => Ok(false),
+        }
+    }
+
+    /// The operation deadline from now.
+    pub(crate) fn deadline(&self) -> Instant {
+        Instant::now() + self.config.timeout
+    }
+
+    /// Says goodbye: every other rank tells rank 0 it is done and waits for
+    /// its acknowledgment; rank 0 keeps answering late requests (a lost
+    /// barrier release, say) until every live rank has said so. Bounded by
+    /// the timeout; never fails.
+    fn close(&mut self) {
+        if self.size() == 1 {
+            return;
+        }
+        let deadline = self.deadline();
+        let result = if self.rank() == 0 { self.close_root(deadline) } else { self.close_member(deadline) };
+        if let Err(e) = result {
+            tracing::warn!(rank = self.rank(), error = %e, "closing the communicator");
+        }
+    }
+
+    fn close_root(&mut self, deadline: Instant) -> Result<()> {
+        self.closed[0] = true;
+        let mut linger_until: Option<Instant> = None;
+        loop {
+            let everyone = (0..self.size()).all(|r| self.closed[r] || self.failed[r]);
+            if everyone && linger_until.is_none() {
+                linger_until = Some(Instant::now() + CLOSE_LINGER);
+            }
+            let until = linger_until.map_or(deadline, |l| l.min(deadline));
+            match self.recv_valid(until)? {
+                Some(got) => {
+                    self.serve_stale(&got)?;
+                }
+                None if linger_until.is_some() => return Ok(()),
+                None => {
+                    let missing: Vec<String> = (0..self.size())
+                        .filter(|&r| !self.closed[r] && !self.failed[r])
+                        .map(|r| r.to_string())
+                        .collect();
+                    return Err(Error::Timeout(format!(
+                        "close: rank(s) {} did not close within {} ms",
+                        missing.join(", "),
+                        self.config.timeout.as_millis()
+                    )));
+                }
+            }
+        }
+    }
+
+    fn close_member(&mut self, deadline: Instant) -> Result<()> {
+        if self.failed[0] {
+            return Ok(());
+        }
+        self.send_control(Kind::Close, 0, 0, false)?;
+        let mut backoff = Backoff::new();
+        loop {
+            if backoff.fire() {
+                self.send_control(Kind::Close, 0, 0, true)?;
+            }
+            match self.recv_valid(backoff.due().min(deadline))? {
+                Some(got) if got.kind == Kind::CloseAck => return Ok(()),
+                Some(_) => {}
+                None if Instant::now() >= deadline => {
+                    return Err(Error::PeerFailed {
+                        rank: 0,
+                        what: "close: rank 0 did not acknowledge within the timeout".into(),
+                    })
+                }
+                None => {}
+            }
+        }
+    }
+}
+
+impl Drop for Comm {
+    fn drop(&mut self) {
+        self.close();
+        // The attachment (if any) is dropped after this: the port leaves the
+        // kernel maps, and the last user detaches the programs.
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::thread;
+
+    use super::*;
+
+    fn loopback(rank: usize, n: usize, master_port: u16) -> Config {
+        Config {
+            rank,
+            world_size: n,
+            master_port,
+            timeout: Duration::from_secs(10),
+            ..Config::default()
+        }
+    }
+
+    #[test]
+    fn barriers_on_loopback_keep_ranks_in_step() {
+        use std::sync::atomic::{AtomicUsize, Ordering};
+        use std::sync::Arc;
+        let n = 4;
+        let rounds = 200;
+        // counter[i] counts ranks that finished round i's pre-barrier work.
+        let counters: Arc<Vec<AtomicUsize>> = Arc::new((0..rounds).map(|_| AtomicUsize::new(0)).collect());
+        let handles: Vec<_> = (0..n)
+            .map(|rank| {
+                let counters = counters.clone();
+                thread::spawn(move || {
+                    let mut comm = Comm::new(loopback(rank, n, 29_621)).unwrap();
+                    assert_eq!(comm.datapath(), Datapath::User);
+                    assert!(comm.datapath_reason().unwrap().contains("loopback"));
+                    for round in 0..rounds {
+                        counters[round].fetch_add(1, Ordering::SeqCst);
+                        comm.barrier().unwrap();
+                        // Nobody leaves a barrier before everyone entered it.
+                        assert_eq!(counters[round].load(Ordering::SeqCst), n);
+                    }
+                    comm.stats().unwrap().user
+                })
+            })
+            .collect();
+        for handle in handles {
+            let stats = handle.join().unwrap();
+            assert_eq!(stats.barriers, rounds as u64);
+        }
+    }
+
+    #[test]
+    fn dead_member_is_named_by_rank_zero() {
+        let survivor = thread::spawn(|| {
+            let mut comm = Comm::new(Config { timeout: Duration::from_millis(300), ..loopback(0, 3, 29_622) }).unwrap();
+            comm.barrier().unwrap();
+            let err = comm.barrier().unwrap_err();
+            (err.status(), err.to_string())
+        });
+        let others: Vec<_> = (1..3)
+            .map(|rank| {
+                thread::spawn(move || {
+                    let mut comm = Comm::new(Config { timeout: Duration::from_millis(300), ..loopback(rank, 3, 29_622) }).unwrap();
+                    comm.barrier().unwrap();
+                    if rank == 2 {
+                        // Rank 2 "dies": it never enters barrier #2 and vanishes without closing.
+                        std::mem::forget(comm);
+                        return None;
+                    }
+                    Some(comm.barrier().unwrap_err().to_string())
+                })
+            })
+            .collect();
+        let (status, message) = survivor.join().unwrap();
+        assert_eq!(status, crate::Status::PeerFailed);
+        assert!(message.contains("rank 2 failed: barrier #2: rank(s) 2 did not arrive within 300 ms"), "{message}");
+        let member = others.into_iter().next().unwrap().join().unwrap().unwrap();
+        assert!(member.contains("rank 0 failed: barrier #2"), "{member}");
     }
 }

@@ -18,6 +18,7 @@
 
 #![warn(missing_docs)]
 
+mod barrier;
 pub mod bpf;
 pub mod cluster;
 pub mod comm;

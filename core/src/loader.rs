@@ -1,1 +1,499 @@
-//! TODO
+//! Loading, attaching, pinning and sharing the AggBox programs on an
+//! interface.
+//!
+//! One attachment serves every communicator of every process on an
+//! interface. It lives under `/sys/fs/bpf/aggbox/<netns>-<ifindex>/`:
+//!
+//! | pin | what |
+//! | --- | --- |
+//! | `xdp_drv` or `xdp_skb` | the XDP ingress link (the name says the mode) |
+//! | `tc_ingress`, `tc_egress` | the TC (TCX) links |
+//! | `ab_ports`, `ab_groups`, `ab_members`, `ab_users`, `ab_stats` | the shared maps |
+//!
+//! The links are pinned, so the programs stay attached while any process
+//! uses them, and are detached when the last user removes the pins. Who uses
+//! the attachment is the `ab_users` map: one entry per communicator, keyed by
+//! (pid, port), holding the process's start time. Every join and leave runs
+//! under an exclusive `flock` on `/sys/fs/bpf/aggbox`, and first reclaims the
+//! entries of processes that are gone (a SIGKILLed process cannot clean up):
+//! their ports and groups are removed, and when no live user is left the old
+//! attachment is torn down and made anew.
+//!
+//! Processes started with `ip netns exec` get a fresh `/sys` without the
+//! host's bpffs; [`ensure_bpffs`] bind-mounts the host's (through
+//! `/proc/1/root`) into the process's private mount namespace, so every
+//! process of a host sees the same pins.
+
+use std::{
+    ffi::CString,
+    fs, io,
+    os::{
+        fd::{AsRawFd, OwnedFd},
+        unix::fs::MetadataExt,
+    },
+    path::{Path, PathBuf},
+};
+
+use aya::{
+    maps::{HashMap, Map, MapData, PerCpuArray},
+    programs::{links::FdLink, tc::TcAttachType, SchedClassifier, Xdp, XdpMode},
+    EbpfLoader,
+};
+
+use crate::{
+    bpf,
+    maps::{
+        names, GroupValue, MemberKey, MemberValue, PortValue, Prog, UserKey, UserValue, STAT_MAX,
+    },
+    netif::Interface,
+    rendezvous::GroupInfo,
+    stats::KernelStats,
+    Error, Result,
+};
+
+/// Where AggBox pins its attachments.
+pub const PIN_ROOT: &str = "/sys/fs/bpf/aggbox";
+/// The bpffs mount point.
+pub const BPFFS: &str = "/sys/fs/bpf";
+/// `statfs` magic of bpffs.
+const BPF_FS_MAGIC: i64 = 0xcafe_4a11;
+
+const LINK_XDP_DRIVER: &str = "xdp_drv";
+const LINK_XDP_SKB: &str = "xdp_skb";
+const LINK_TC_INGRESS: &str = "tc_ingress";
+const LINK_TC_EGRESS: &str = "tc_egress";
+
+/// How the XDP program is attached.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum XdpAttachMode {
+    /// In the driver (native XDP): before any skb is made.
+    Driver,
+    /// Generic XDP on the skb, where the driver has no XDP support.
+    Skb,
+}
+
+impl XdpAttachMode {
+    /// Its name in reports.
+    pub fn name(self) -> &'static str {
+        match self {
+            XdpAttachMode::Driver => "driver",
+            XdpAttachMode::Skb => "skb",
+        }
+    }
+}
+
+fn is_bpffs(path: &str) -> bool {
+    let Ok(c_path) = CString::new(path) else { return false };
+    // SAFETY: statfs into a zeroed struct with a valid C path.
+    unsafe {
+        let mut st: libc::statfs = std::mem::zeroed();
+        libc::statfs(c_path.as_ptr(), &mut st) == 0 && st.f_type as i64 == BPF_FS_MAGIC
+    }
+}
+
+fn mount(source: &str, target: &str, fstype: &str, flags: libc::c_ulong) -> io::Result<()> {
+    let source = CString::new(source)?;
+    let target = CString::new(target)?;
+    let fstype = CString::new(fstype)?;
+    // SAFETY: valid C strings; no data argument.
+    let rc = unsafe {
+        libc::mount(source.as_ptr(), target.as_ptr(), fstype.as_ptr(), flags, std::ptr::null())
+    };
+    if rc == 0 {
+        Ok(())
+    } else {
+        Err(io::Error::last_os_error())
+    }
+}
+
+/// Makes sure `/sys/fs/bpf` is a bpffs shared with the rest of the host:
+/// as it is, else the host's bind-mounted from `/proc/1/root` (inside
+/// `ip netns exec`), else a new one.
+pub fn ensure_bpffs() -> Result<()> {
+    if is_bpffs(BPFFS) {
+        return Ok(());
+    }
+    let host = "/proc/1/root/sys/fs/bpf";
+    if is_bpffs(host) && mount(host, BPFFS, "none", libc::MS_BIND).is_ok() {
+        return Ok(());
+    }
+    mount("bpf", BPFFS, "bpf", 0).map_err(|e| {
+        Error::system(format!("mounting bpffs on {BPFFS} (try: mount -t bpf bpf {BPFFS})"), e)
+    })
+}
+
+/// The inode of this thread's network namespace: tells namespaces apart.
+fn netns_inode() -> Result<u64> {
+    fs::metadata("/proc/thread-self/ns/net")
+        .map(|m| m.ino())
+        .map_err(|e| Error::system("reading /proc/thread-self/ns/net", e))
+}
+
+/// The pin directory of the attachment on `iface` in this network namespace.
+pub fn pin_dir(iface: &Interface) -> Result<PathBuf> {
+    Ok(Path::new(PIN_ROOT).join(format!("{}-{}", netns_inode()?, iface.index)))
+}
+
+/// An exclusive `flock` on [`PIN_ROOT`], held while joining or leaving.
+struct PinLock(OwnedFd);
+
+impl PinLock {
+    fn take() -> Result<PinLock> {
+        fs::create_dir_all(PIN_ROOT).map_err(|e| Error::system(format!("creating {PIN_ROOT}"), e))?;
+        let dir = fs::File::open(PIN_ROOT).map_err(|e| Error::system(format!("opening {PIN_ROOT}"), e))?;
+        loop {
+            // SAFETY: flock on an fd we own.
+            if unsafe { libc::flock(dir.as_raw_fd(), libc::LOCK_EX) } == 0 {
+                return Ok(PinLock(dir.into()));
+            }
+            let err = io::Error::last_os_error();
+            if err.kind() != io::ErrorKind::Interrupted {
+                return Err(Error::system(format!("locking {PIN_ROOT}"), err));
+            }
+        }
+    }
+}
+
+impl Drop for PinLock {
+    fn drop(&mut self) {
+        // SAFETY: unlocking the fd we locked; closing it would unlock too.
+        unsafe { libc::flock(self.0.as_raw_fd(), libc::LOCK_UN) };
+    }
+}
+
+/// Start time of `pid` (field 22 of `/proc/<pid>/stat`), if it is alive.
+pub fn process_start_time(pid: u32) -> Option<u64> {
+    let stat = fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // The command name (field 2) is in parentheses and may hold spaces.
+    let after_name = &stat[stat.rfind(')')? + 2..];
+    // after_name starts at field 3; field 22 is the 20th from there.
+    after_name.split_whitespace().nth(19)?.parse().ok()
+}
+
+fn is_alive(key: &UserKey, user: &UserValue) -> bool {
+    process_start_time(key.pid) == Some(user.start_time)
+}
+
+/// The shared maps of one attachment, opened from their pins.
+struct SharedMaps {
+    ports: HashMap<MapData, u16, PortValue>,
+    groups: HashMap<MapData, u32, GroupValue>,
+    members: HashMap<MapData, MemberKey, MemberValue>,
+    users: HashMap<MapData, UserKey, UserValue>,
+    stats: PerCpuArray<MapData, u64>,
+}
+
+fn open_pinned(dir: &Path, name: &str) -> Result<Map> {
+    let path = dir.join(name);
+    let data = MapData::from_pin(&path)
+        .map_err(|e| Error::system(format!("opening pinned map {}", path.display()), io::Error::other(e)))?;
+    Map::from_map_data(data).map_err(|e| Error::Internal(format!("pinned map {name}: {e}")))
+}
+
+fn map_error(what: impl Into<String>) -> impl FnOnce(aya::maps::MapError) -> Error {
+    let what = what.into();
+    move |e| Error::system(what, io::Error::other(e))
+}
+
+impl SharedMaps {
+    fn open(dir: &Path) -> Result<SharedMaps> {
+        let typed = |name: &str| -> Result<Map> { open_pinned(dir, name) };
+        let wrong = |name: &'static str| move |e: aya::maps::MapError| Error::Internal(format!("map {name}: {e}"));
+        Ok(SharedMaps {
+            ports: HashMap::try_from(typed(names::PORTS)?).map_err(wrong(names::PORTS))?,
+            groups: HashMap::try_from(typed(names::GROUPS)?).map_err(wrong(names::GROUPS))?,
+            members: HashMap::try_from(typed(names::MEMBERS)?).map_err(wrong(names::MEMBERS))?,
+            users: HashMap::try_from(typed(names::USERS)?).map_err(wrong(names::USERS))?,
+            stats: PerCpuArray::try_from(typed(names::STATS)?).map_err(wrong(names::STATS))?,
+        })
+    }
+
+    /// Every (key, value) of ab_users.
+    fn user_entries(&self) -> Vec<(UserKey, UserValue)> {
+        self.users.iter().filter_map(|entry| entry.ok()).collect()
+    }
+
+    /// Removes what the processes that are gone left: their user entries,
+    /// their ports, and the groups no live user serves. Returns how many
+    /// live users remain.
+    fn reclaim_stale(&mut self) -> usize {
+        let entries = self.user_entries();
+        let (live, dead): (Vec<_>, Vec<_>) =
+            entries.into_iter().partition(|(key, user)| is_alive(key, user));
+        for (key, user) in &dead {
+            tracing::info!(pid = key.pid, port = key.port, group = user.group, "reclaiming a stale AggBox user");
+            let _ = self.users.remove(key);
+            if self.ports.get(&key.port, 0).is_ok_and(|p| p.group == user.group) {
+                let _ = self.ports.remove(&key.port);
+            }
+            if user.group != 0 && !live.iter().any(|(_, u)| u.group == user.group) {
+                self.remove_group(user.group);
+            }
+        }
+        live.len()
+    }
+
+    fn remove_group(&mut self, group: u32) {
+        let Ok(value) = self.groups.get(&group, 0) else { return };
+        for rank in 0..value.size {
+            let _ = self.members.remove(&MemberKey { group, rank });
+        }
+        let _ = self.groups.remove(&group);
+    }
+}
+
+/// Loads one of the AggBox objects with its maps pinned by name in `dir`.
+fn load_object(bytes: &[u8], dir: &Path) -> Result<aya::Ebpf> {
+    EbpfLoader::new()
+        .default_map_pin_directory(dir)
+        .load(bytes)
+        .map_err(|e| Error::Unsupported(format!("loading the AggBox BPF programs failed ({e}); run `aggbox doctor`")))
+}
+
+fn pin_link(link: FdLink, dir: &Path, name: &str) -> Result<()> {
+    link.pin(dir.join(name))
+        .map(drop)
+        .map_err(|e| Error::system(format!("pinning {name} in {}", dir.display()), io::Error::other(e)))
+}
+
+fn program_error(what: String) -> impl FnOnce(aya::programs::ProgramError) -> Error {
+    move |e| Error::Unsupported(format!("{what}: {e}"))
+}
+
+/// Loads the programs, attaches them to `iface` and pins links and maps in
+/// `dir`. Returns the XDP mode it got.
+fn attach_fresh(iface: &Interface, dir: &Path) -> Result<XdpAttachMode> {
+    fs::create_dir_all(dir).map_err(|e| Error::system(format!("creating {}", dir.display()), e))?;
+
+    let mut xdp_obj = load_object(bpf::XDP_INGRESS, dir)?;
+    let xdp: &mut Xdp = xdp_obj
+        .program_mut(bpf::programs::XDP_INGRESS)
+        .ok_or_else(|| Error::Internal("XDP program missing from its object".into()))?
+        .try_into()
+        .map_err(program_error("XDP program".into()))?;
+    xdp.load().map_err(program_error(format!("loading XDP ingress for {}", iface.name)))?;
+    let (link_id, mode) = match xdp.attach_to_if_index(iface.index, XdpMode::Driver) {
+        Ok(id) => (id, XdpAttachMode::Driver),
+        Err(driver_err) => {
+            tracing::info!(iface = %iface.name, error = %driver_err, "no driver-mode XDP; using SKB mode");
+            let id = xdp.attach_to_if_index(iface.index, XdpMode::Skb).map_err(program_error(format!(
+                "attaching XDP to {} (driver mode: {driver_err}; SKB mode)",
+                iface.name
+            )))?;
+            (id, XdpAttachMode::Skb)
+        }
+    };
+    let link = xdp.take_link(link_id).map_err(program_error("XDP link".into()))?;
+    let link = FdLink::try_from(link).map_err(|e| Error::Unsupported(format!("XDP link is not a bpf_link: {e}")))?;
+    pin_link(link, dir, if mode == XdpAttachMode::Driver { LINK_XDP_DRIVER } else { LINK_XDP_SKB })?;
+
+    for (bytes, program, attach, pin) in [
+        (bpf::TC_INGRESS, bpf::programs::TC_INGRESS, TcAttachType::Ingress, LINK_TC_INGRESS),
+        (bpf::TC_EGRESS, bpf::programs::TC_EGRESS, TcAttachType::Egress, LINK_TC_EGRESS),
+    ] {
+        let mut obj = load_object(bytes, dir)?;
+        let tc: &mut SchedClassifier = obj
+            .program_mut(program)
+            .ok_or_else(|| Error::Internal(format!("{program} missing from its object")))?
+            .try_into()
+            .map_err(program_error(program.into()))?;
+        tc.load().map_err(program_error(format!("loading {program}")))?;
+        let id = tc
+            .attach(&iface.name, attach)
+            .map_err(program_error(format!("attaching {program} to {}", iface.name)))?;
+        let link = tc.take_link(id).map_err(program_error(format!("{program} link")))?;
+        let link = FdLink::try_from(link)
+            .map_err(|e| Error::Unsupported(format!("{program} link is not a bpf_link (TCX needs Linux 6.6): {e}")))?;
+        pin_link(link, dir, pin)?;
+    }
+    Ok(mode)
+}
+
+/// Removes every pin in `dir` (detaching the programs whose links they
+/// held) and the directory itself.
+fn tear_down(dir: &Path) {
+    if let Ok(entries) = fs::read_dir(dir) {
+        for entry in entries.flatten() {
+            let _ = fs::remove_file(entry.path());
+        }
+    }
+    let _ = fs::remove_dir(dir);
+}
+
+fn existing_mode(dir: &Path) -> Option<XdpAttachMode> {
+    if dir.join(LINK_XDP_DRIVER).exists() {
+        Some(XdpAttachMode::Driver)
+    } else if dir.join(LINK_XDP_SKB).exists() {
+        Some(XdpAttachMode::Skb)
+    } else {
+        None
+    }
+}
+
+fn complete(dir: &Path) -> bool {
+    existing_mode(dir).is_some()
+        && [LINK_TC_INGRESS, LINK_TC_EGRESS].iter().chain(names::ALL.iter()).all(|n| dir.join(n).exists())
+}
+
+/// One communicator's use of the attachment on its interface. Dropping it
+/// unregisters the communicator and, when it was the last user, detaches.
+pub struct Attachment {
+    dir: PathBuf,
+    iface: String,
+    mode: XdpAttachMode,
+    shared_with: usize,
+    key: UserKey,
+    start_time: u64,
+    group: u32,
+    maps: SharedMaps,
+}
+
+impl Attachment {
+    /// Attaches to `iface` (or shares the attachment already there) and
+    /// registers this process's communicator on local `port`. The group is
+    /// registered later, with [`Attachment::register_group`], once
+    /// rendezvous has made it.
+    pub fn acquire(iface: &Interface, port: u16) -> Result<Attachment> {
+        ensure_bpffs()?;
+        let dir = pin_dir(iface)?;
+        let _lock = PinLock::take()?;
+
+        let mut live = 0;
+        if complete(&dir) {
+            let mut maps = SharedMaps::open(&dir)?;
+            live = maps.reclaim_stale();
+        }
+        if live == 0 {
+            // Nobody uses what is there (or it is half made): start anew.
+            tear_down(&dir);
+            if let Err(e) = attach_fresh(iface, &dir) {
+                tear_down(&dir);
+                return Err(e);
+            }
+        }
+        let mode = existing_mode(&dir).ok_or_else(|| Error::Internal("XDP link pin vanished".into()))?;
+        let maps = SharedMaps::open(&dir)?;
+        let me = std::process::id();
+        let key = UserKey { pid: me, port, reserved: 0 };
+        let mut attachment = Attachment {
+            dir,
+            iface: iface.name.clone(),
+            mode,
+            shared_with: live,
+            key,
+            start_time: process_start_time(me)
+                .ok_or_else(|| Error::Internal("cannot read this process's start time".into()))?,
+            group: 0,
+            maps,
+        };
+        let user = UserValue { start_time: attachment.start_time, group: 0, reserved: 0 };
+        if let Err(e) = attachment.maps.users.insert(key, user, 0).map_err(map_error("registering this process")) {
+            attachment.leave_locked();
+            return Err(e);
+        }
+        tracing::info!(iface = %attachment.iface, mode = mode.name(), shared_with = live, "AggBox programs attached");
+        Ok(attachment)
+    }
+
+    /// Registers `group` (made by rendezvous) for this communicator's port:
+    /// from then on the programs admit its datagrams and drop others'.
+    pub fn register_group(&mut self, group: &GroupInfo) -> Result<()> {
+        let _lock = PinLock::take()?;
+        let maps = &mut self.maps;
+        let group_value = GroupValue { token: group.token, size: group.peers.len() as u32, reserved: 0 };
+        if let Ok(existing) = maps.groups.get(&group.group, 0) {
+            if existing != group_value {
+                return Err(Error::Internal(format!(
+                    "group id {} is already registered on {} for another group; start again",
+                    group.group, self.iface
+                )));
+            }
+        }
+        self.group = group.group;
+        maps.users
+            .insert(self.key, UserValue { start_time: self.start_time, group: group.group, reserved: 0 }, 0)
+            .map_err(map_error("registering this process's group"))?;
+        maps.groups.insert(group.group, group_value, 0).map_err(map_error("registering the group"))?;
+        for peer in &group.peers {
+            let member = MemberValue { ipv4: u32::from(peer.ipv4).to_be(), port: peer.port, mac: peer.mac };
+            let member_key = MemberKey { group: group.group, rank: peer.rank as u32 };
+            maps.members.insert(member_key, member, 0).map_err(map_error("registering a member"))?;
+        }
+        // Last: from here on the programs treat the port as AggBox's.
+        maps.ports
+            .insert(self.key.port, PortValue { group: group.group }, 0)
+            .map_err(map_error("registering the port"))?;
+        Ok(())
+    }
+
+    /// The XDP mode of the attachment.
+    pub fn xdp_mode(&self) -> XdpAttachMode {
+        self.mode
+    }
+
+    /// The interface it is on.
+    pub fn iface(&self) -> &str {
+        &self.iface
+    }
+
+    /// How many other communicators already used the attachment when this
+    /// one joined (0: this one attached the programs).
+    pub fn shared_with(&self) -> usize {
+        self.shared_with
+    }
+
+    /// The pin directory.
+    pub fn pin_dir(&self) -> &Path {
+        &self.dir
+    }
+
+    /// The kernel counters of the programs on this interface.
+    pub fn kernel_stats(&self) -> Result<KernelStats> {
+        let mut stats = KernelStats::default();
+        for prog in Prog::ALL {
+            for stat in 0..STAT_MAX {
+                let index = (prog as usize * STAT_MAX + stat) as u32;
+                let values = self.maps.stats.get(&index, 0).map_err(map_error("reading ab_stats"))?;
+                stats.counters[prog as usize][stat] = values.iter().sum();
+            }
+        }
+        Ok(stats)
+    }
+
+    /// Unregisters; detaches when no live user is left. Caller holds the lock.
+    fn leave_locked(&mut self) {
+        let _ = self.maps.ports.remove(&self.key.port);
+        let _ = self.maps.users.remove(&self.key);
+        let live = self.maps.reclaim_stale();
+        let group_in_use = self.maps.user_entries().iter().any(|(_, u)| u.group == self.group);
+        if self.group != 0 && !group_in_use {
+            self.maps.remove_group(self.group);
+        }
+        if live == 0 {
+            tear_down(&self.dir);
+            tracing::info!(iface = %self.iface, "last AggBox user left; programs detached");
+        }
+    }
+}
+
+impl Drop for Attachment {
+    fn drop(&mut self) {
+        match PinLock::take() {
+            Ok(_lock) => self.leave_locked(),
+            Err(e) => tracing::warn!(error = %e, "could not lock the pins to leave; the next start reclaims"),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn start_time_of_this_process_is_stable() {
+        let me = std::process::id();
+        let first = process_start_time(me).unwrap();
+        assert_eq!(process_start_time(me), Some(first));
+        assert_eq!(process_start_time(u32::MAX), None);
+    }
+}

@@ -1,1 +1,368 @@
-//! TODO
+//! How ranks find each other: a TCP store hosted by rank 0 at
+//! `MASTER_ADDR:MASTER_PORT` (as torch's and Horovod's env rendezvous).
+//!
+//! Every other rank connects (retrying until rank 0 listens), says who it is
+//! in one line, and gets back the whole table in a few lines: the group id and
+//! the random group token rank 0 drew, then each rank's address, MAC, UDP port
+//! and datapath. The text format is in `docs/PROTOCOL.md`.
+
+use std::{
+    io::{self, BufRead, BufReader, Write},
+    net::{Ipv4Addr, SocketAddrV4, TcpListener, TcpStream},
+    str::FromStr,
+    time::{Duration, Instant},
+};
+
+use crate::{
+    netif::{format_mac, parse_mac},
+    Config, Datapath, Error, Result,
+};
+
+const HELLO: &str = "AGGBOX-HELLO";
+const TABLE: &str = "AGGBOX-TABLE";
+const REFUSED: &str = "AGGBOX-REFUSED";
+const STORE_VERSION: u32 = 1;
+/// Pause between connection attempts while rank 0 is not listening yet.
+const RETRY_PAUSE: Duration = Duration::from_millis(20);
+
+/// What every rank tells the others.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PeerInfo {
+    /// Its rank.
+    pub rank: usize,
+    /// Its IPv4 address.
+    pub ipv4: Ipv4Addr,
+    /// Its MAC address.
+    pub mac: [u8; 6],
+    /// Its UDP port.
+    pub port: u16,
+    /// The datapath it runs (kernel or user).
+    pub datapath: Datapath,
+}
+
+impl PeerInfo {
+    /// Its UDP endpoint.
+    pub fn addr(&self) -> SocketAddrV4 {
+        SocketAddrV4::new(self.ipv4, self.port)
+    }
+
+    fn to_line(&self) -> String {
+        format!(
+            "{} {} {} {} {}",
+            self.rank,
+            self.ipv4,
+            format_mac(&self.mac),
+            self.port,
+            self.datapath.name()
+        )
+    }
+
+    fn from_fields(fields: &[&str]) -> Option<PeerInfo> {
+        let [rank, ipv4, mac, port, datapath] = fields else { return None };
+        Some(PeerInfo {
+            rank: rank.parse().ok()?,
+            ipv4: ipv4.parse().ok()?,
+            mac: parse_mac(mac)?,
+            port: port.parse().ok()?,
+            datapath: Datapath::from_str(datapath).ok()?,
+        })
+    }
+}
+
+/// The outcome of rendezvous: the same on every rank.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct GroupInfo {
+    /// Group id (random, nonzero).
+    pub group: u32,
+    /// Group token (random): datagrams without it are dropped.
+    pub token: u64,
+    /// Every rank, indexed by rank.
+    pub peers: Vec<PeerInfo>,
+}
+
+fn random_u64() -> Result<u64> {
+    let mut bytes = [0u8; 8];
+    // SAFETY: getrandom writes at most bytes.len() bytes into bytes.
+    let n = unsafe { libc::getrandom(bytes.as_mut_ptr().cast(), bytes.len(), 0) };
+    if n != bytes.len() as isize {
+        return Err(Error::system("getrandom", io::Error::last_os_error()));
+    }
+    Ok(u64::from_le_bytes(bytes))
+}
+
+fn store_error(store: SocketAddrV4, what: impl std::fmt::Display) -> Error {
+    Error::system(format!("rendezvous with rank 0's store at {store}"), io::Error::other(what.to_string()))
+}
+
+/// Runs rendezvous for `me` as described by `config`.
+pub fn rendezvous(config: &Config, me: PeerInfo) -> Result<GroupInfo> {
+    let store = SocketAddrV4::new(config.master_addr, config.master_port);
+    let deadline = Instant::now() + config.timeout;
+    if config.rank == 0 {
+        host(config, store, me, deadline)
+    } else {
+        join(config, store, me, deadline)
+    }
+}
+
+fn remaining(deadline: Instant) -> Option<Duration> {
+    deadline.checked_duration_since(Instant::now()).filter(|d| !d.is_zero())
+}
+
+/// Rank 0: listen, collect every rank, draw the group id and token, answer.
+fn host(config: &Config, store: SocketAddrV4, me: PeerInfo, deadline: Instant) -> Result<GroupInfo> {
+    let n = config.world_size;
+    let mut peers: Vec<Option<PeerInfo>> = vec![None; n];
+    peers[0] = Some(me);
+    let mut streams: Vec<TcpStream> = Vec::with_capacity(n.saturating_sub(1));
+    if n > 1 {
+        let listener = TcpListener::bind(store)
+            .map_err(|e| Error::system(format!("rank 0 hosting the rendezvous store on {store}"), e))?;
+        listener.set_nonblocking(true).map_err(|e| Error::system("listener", e))?;
+        while peers.iter().any(Option::is_none) {
+            let Some(left) = remaining(deadline) else {
+                let missing: Vec<String> = peers
+                    .iter()
+                    .enumerate()
+                    .filter(|(_, p)| p.is_none())
+                    .map(|(r, _)| r.to_string())
+                    .collect();
+                return Err(Error::Timeout(format!(
+                    "rendezvous at {store}: rank{} {} of {n} did not arrive within {} ms",
+                    if missing.len() > 1 { "s" } else { "" },
+                    missing.join(", "),
+                    config.timeout.as_millis()
+                )));
+            };
+            let stream = match listener.accept() {
+                Ok((stream, _)) => stream,
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                    let mut fd = libc::pollfd {
+                        fd: std::os::fd::AsRawFd::as_raw_fd(&listener),
+                        events: libc::POLLIN,
+                        revents: 0,
+                    };
+                    let ms = left.as_millis().clamp(1, 100) as i32;
+                    // SAFETY: one valid pollfd.
+                    unsafe { libc::poll(&mut fd, 1, ms) };
+                    continue;
+                }
+                Err(e) => return Err(Error::system("accepting a rank at the rendezvous store", e)),
+            };
+            let Some((peer, stream)) = read_hello(stream, n, left)? else { continue };
+            if let Some(earlier) = &peers[peer.rank] {
+                return Err(Error::InvalidArgument(format!(
+                    "rendezvous at {store}: rank {} arrived twice (from {} and {})",
+                    peer.rank, earlier.ipv4, peer.ipv4
+                )));
+            }
+            let rank = peer.rank;
+            peers[rank] = Some(peer);
+            streams.push(stream);
+        }
+    }
+    let group = loop {
+        let candidate = random_u64()? as u32;
+        if candidate != 0 {
+            break candidate;
+        }
+    };
+    let info = GroupInfo {
+        group,
+        token: random_u64()?,
+        peers: peers.into_iter().map(|p| p.expect("every rank arrived")).collect(),
+    };
+    let mut table = format!("{TABLE} {STORE_VERSION} {} {} {}\n", info.group, info.token, n);
+    for peer in &info.peers {
+        table.push_str(&peer.to_line());
+        table.push('\n');
+    }
+    for mut stream in streams {
+        stream
+            .write_all(table.as_bytes())
+            .map_err(|e| Error::system("sending the rendezvous table", e))?;
+    }
+    Ok(info)
+}
+
+/// Reads one rank's hello line. A connection that says nothing useful (a
+/// port scanner, a rank of another job) is refused and skipped; a rank of
+/// this job with the wrong world size is an error for everyone.
+fn read_hello(stream: TcpStream, n: usize, left: Duration) -> Result<Option<(PeerInfo, TcpStream)>> {
+    stream.set_nonblocking(false).ok();
+    stream.set_read_timeout(Some(left)).ok();
+    let mut line = String::new();
+    let mut reader = BufReader::new(stream);
+    if reader.read_line(&mut line).is_err() {
+        return Ok(None);
+    }
+    let mut stream = reader.into_inner();
+    let fields: Vec<&str> = line.split_whitespace().collect();
+    let parsed = match fields.as_slice() {
+        [HELLO, version, world, rest @ ..] if *version == STORE_VERSION.to_string() => {
+            world.parse::<usize>().ok().zip(PeerInfo::from_fields(rest))
+        }
+        _ => None,
+    };
+    let Some((world, peer)) = parsed else {
+        let _ = writeln!(stream, "{REFUSED} not an AggBox hello of version {STORE_VERSION}");
+        return Ok(None);
+    };
+    if world != n || peer.rank == 0 || peer.rank >= n {
+        let why = format!(
+            "rank {} says world size {world}, rank 0 has {n}: every rank must be started with the same WORLD_SIZE",
+            peer.rank
+        );
+        let _ = writeln!(stream, "{REFUSED} {why}");
+        return Err(Error::InvalidArgument(format!("rendezvous: {why}")));
+    }
+    Ok(Some((peer, stream)))
+}
+
+/// Any other rank: connect (retrying while rank 0 is not up), say hello,
+/// read the table.
+fn join(config: &Config, store: SocketAddrV4, me: PeerInfo, deadline: Instant) -> Result<GroupInfo> {
+    let n = config.world_size;
+    let mut last_error: Option<io::Error> = None;
+    let stream = loop {
+        let Some(left) = remaining(deadline) else {
+            return Err(Error::PeerFailed {
+                rank: 0,
+                what: format!(
+                    "rendezvous: rank 0's store at {store} did not answer within {} ms (last error: {})",
+                    config.timeout.as_millis(),
+                    last_error.map_or_else(|| "none".to_string(), |e| e.to_string())
+                ),
+            });
+        };
+        match TcpStream::connect_timeout(&store.into(), left) {
+            Ok(stream) => break stream,
+            Err(e) => {
+                last_error = Some(e);
+                std::thread::sleep(RETRY_PAUSE.min(left));
+            }
+        }
+    };
+    let timeout_error = || Error::PeerFailed {
+        rank: 0,
+        what: format!(
+            "rendezvous: rank 0's store at {store} did not send the table within {} ms (have all {n} ranks started?)",
+            config.timeout.as_millis()
+        ),
+    };
+    let mut writer = stream.try_clone().map_err(|e| Error::system("rendezvous socket", e))?;
+    writeln!(writer, "{HELLO} {STORE_VERSION} {n} {}", me.to_line())
+        .map_err(|e| store_error(store, e))?;
+    let mut reader = BufReader::new(stream);
+    let read_line = |reader: &mut BufReader<TcpStream>| -> Result<String> {
+        let left = remaining(deadline).ok_or_else(timeout_error)?;
+        reader.get_ref().set_read_timeout(Some(left)).ok();
+        let mut line = String::new();
+        match reader.read_line(&mut line) {
+            Ok(0) => Err(store_error(store, "rank 0 closed the connection before sending the table")),
+            Ok(_) => Ok(line),
+            Err(e) if matches!(e.kind(), io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut) => {
+                Err(timeout_error())
+            }
+            Err(e) => Err(store_error(store, e)),
+        }
+    };
+    let head = read_line(&mut reader)?;
+    let fields: Vec<&str> = head.split_whitespace().collect();
+    let (group, token) = match fields.as_slice() {
+        [TABLE, version, group, token, count]
+            if *version == STORE_VERSION.to_string() && count.parse() == Ok(n) =>
+        {
+            (group.parse().ok(), token.parse().ok())
+        }
+        [REFUSED, why @ ..] => {
+            return Err(Error::InvalidArgument(format!("rendezvous: rank 0 refused us: {}", why.join(" "))))
+        }
+        _ => (None, None),
+    };
+    let (Some(group), Some(token)) = (group, token) else {
+        return Err(store_error(store, format!("unexpected answer {:?}", head.trim())));
+    };
+    let mut peers = Vec::with_capacity(n);
+    for rank in 0..n {
+        let line = read_line(&mut reader)?;
+        let fields: Vec<&str> = line.split_whitespace().collect();
+        match PeerInfo::from_fields(&fields) {
+            Some(peer) if peer.rank == rank => peers.push(peer),
+            _ => return Err(store_error(store, format!("bad table line {:?}", line.trim()))),
+        }
+    }
+    Ok(GroupInfo { group, token, peers })
+}
+
+#[cfg(test)]
+mod tests {
+    use std::thread;
+
+    use super::*;
+
+    fn me(rank: usize, port: u16) -> PeerInfo {
+        PeerInfo {
+            rank,
+            ipv4: Ipv4Addr::LOCALHOST,
+            mac: [2, 0, 0, 0, 0, rank as u8],
+            port,
+            datapath: if rank % 2 == 0 { Datapath::User } else { Datapath::Kernel },
+        }
+    }
+
+    fn config(rank: usize, world: usize, master_port: u16, ms: u64) -> Config {
+        Config {
+            rank,
+            world_size: world,
+            master_port,
+            timeout: Duration::from_millis(ms),
+            ..Config::default()
+        }
+    }
+
+    #[test]
+    fn four_ranks_agree_on_one_table() {
+        let port = 29_611;
+        let handles: Vec<_> = (0..4)
+            .map(|rank| {
+                thread::spawn(move || rendezvous(&config(rank, 4, port, 10_000), me(rank, 100 + rank as u16)))
+            })
+            .collect();
+        let tables: Vec<GroupInfo> = handles.into_iter().map(|h| h.join().unwrap().unwrap()).collect();
+        for table in &tables {
+            assert_eq!(table, &tables[0]);
+        }
+        assert_ne!(tables[0].group, 0);
+        let expected: Vec<PeerInfo> = (0..4).map(|r| me(r, 100 + r as u16)).collect();
+        assert_eq!(tables[0].peers, expected);
+    }
+
+    #[test]
+    fn missing_ranks_are_named() {
+        let port = 29_612;
+        let joined = thread::spawn(move || rendezvous(&config(2, 4, port, 3_000), me(2, 1)));
+        let err = rendezvous(&config(0, 4, port, 500), me(0, 1)).unwrap_err();
+        assert!(matches!(err, Error::Timeout(_)), "{err}");
+        assert!(err.to_string().contains("ranks 1, 3 of 4 did not arrive within 500 ms"), "{err}");
+        let err = joined.join().unwrap().unwrap_err();
+        assert!(err.to_string().contains("rank 0"), "{err}");
+    }
+
+    #[test]
+    fn absent_rank_zero_is_named() {
+        let err = rendezvous(&config(1, 2, 29_613, 200), me(1, 1)).unwrap_err();
+        assert!(matches!(err, Error::PeerFailed { rank: 0, .. }), "{err}");
+        assert!(err.to_string().contains("did not answer within 200 ms"), "{err}");
+    }
+
+    #[test]
+    fn world_size_mismatch_fails_both_sides() {
+        let port = 29_614;
+        let joined = thread::spawn(move || rendezvous(&config(1, 3, port, 3_000), me(1, 1)));
+        let err = rendezvous(&config(0, 2, port, 3_000), me(0, 1)).unwrap_err();
+        assert!(err.to_string().contains("same WORLD_SIZE"), "{err}");
+        let err = joined.join().unwrap().unwrap_err();
+        assert!(err.to_string().contains("refused"), "{err}");
+    }
+}

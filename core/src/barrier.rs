@@ -1,0 +1,113 @@
+//! Barrier over the AggBox UDP transport.
+//!
+//! Centralized at rank 0, two message kinds, driven by the waiting ranks:
+//! every other rank sends `BARRIER_ARRIVE(seq)` to rank 0 and repeats it on
+//! an exponential timer until `BARRIER_RELEASE(seq)` comes back. Rank 0
+//! counts arrivals in a bitmap and, when every rank is in, sends one release
+//! to each. A rank whose release was lost asks again; rank 0 answers an
+//! arrive for any barrier it already completed with that barrier's release,
+//! in whatever operation it is in by then (`Comm::serve_stale`), and after
+//! the last one while closing. Duplicates change nothing: arrivals are a
+//! bitmap, and a release for an older barrier is ignored.
+//!
+//! A rank can be at most one barrier ahead of rank 0's view, so sequence
+//! numbers never need a window. Rank 0 keeps no per-rank timers at all.
+
+use std::time::Instant;
+
+use crate::{comm::Backoff, wire::Kind, Comm, Error, Result};
+
+impl Comm {
+    /// Blocks until every rank has called `barrier`.
+    pub fn barrier(&mut self) -> Result<()> {
+        self.barrier_seq = self.barrier_seq.wrapping_add(1);
+        let seq = self.barrier_seq;
+        let result = if self.size() == 1 {
+            Ok(())
+        } else if self.rank() == 0 {
+            self.barrier_root(seq)
+        } else {
+            self.barrier_member(seq)
+        };
+        if let Err(Error::PeerFailed { rank, .. }) = &result {
+            self.failed[*rank] = true;
+        }
+        if result.is_ok() {
+            self.user_stats.barriers += 1;
+        }
+        result
+    }
+
+    fn barrier_root(&mut self, seq: u32) -> Result<()> {
+        let n = self.size();
+        self.heard.iter_mut().for_each(|h| *h = false);
+        self.heard[0] = true;
+        let mut missing = n - 1;
+        let deadline = self.deadline();
+        while missing > 0 {
+            if let Some(gone) = (1..n).find(|&r| !self.heard[r] && self.closed[r]) {
+                return Err(Error::PeerFailed {
+                    rank: gone,
+                    what: format!("barrier #{seq}: rank {gone} closed its communicator without entering the barrier"),
+                });
+            }
+            let Some(got) = self.recv_valid(deadline)? else {
+                let late: Vec<String> = (0..n).filter(|&r| !self.heard[r]).map(|r| r.to_string()).collect();
+                let first = (0..n).find(|&r| !self.heard[r]).unwrap_or(0);
+                return Err(Error::PeerFailed {
+                    rank: first,
+                    what: format!(
+                        "barrier #{seq}: rank(s) {} did not arrive within {} ms",
+                        late.join(", "),
+                        self.timeout().as_millis()
+                    ),
+                });
+            };
+            let sender = got.header.sender as usize;
+            match got.kind {
+                Kind::BarrierArrive if got.header.seq == seq => {
+                    if self.heard[sender] {
+                        self.user_stats.duplicates += 1;
+                    } else {
+                        self.heard[sender] = true;
+                        missing -= 1;
+                    }
+                }
+                _ => {
+                    self.serve_stale(&got)?;
+                }
+            }
+        }
+        for rank in 1..n {
+            self.send_control(Kind::BarrierRelease, seq, rank, false)?;
+        }
+        Ok(())
+    }
+
+    fn barrier_member(&mut self, seq: u32) -> Result<()> {
+        let deadline = self.deadline();
+        self.send_control(Kind::BarrierArrive, seq, 0, false)?;
+        let mut backoff = Backoff::new();
+        loop {
+            if backoff.fire() {
+                self.send_control(Kind::BarrierArrive, seq, 0, true)?;
+            }
+            let wait = backoff.due().min(deadline);
+            match self.recv_valid(wait)? {
+                Some(got) if got.kind == Kind::BarrierRelease && got.header.seq == seq => return Ok(()),
+                Some(got) if got.kind == Kind::BarrierRelease => self.user_stats.duplicates += 1,
+                Some(_) => {}
+                None if Instant::now() >= deadline => {
+                    return Err(Error::PeerFailed {
+                        rank: 0,
+                        what: format!(
+                            "barrier #{seq}: rank 0 did not release it within {} ms (rank 0, or a rank it waits for, is gone)",
+                            self.timeout().as_millis()
+                        ),
+                    })
+                }
+                None => {}
+            }
+        }
+    }
+}
