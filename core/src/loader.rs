@@ -20,9 +20,8 @@
 //! attachment is torn down and made anew.
 //!
 //! Processes started with `ip netns exec` get a fresh `/sys` without the
-//! host's bpffs; [`ensure_bpffs`] bind-mounts the host's (through
-//! `/proc/1/root`) into the process's private mount namespace, so every
-//! process of a host sees the same pins.
+//! host's bpffs; [`bpffs_root`] reaches the host's through an ancestor's
+//! `/proc/<pid>/root`, so every process of a host sees the same pins.
 
 use std::{
     ffi::CString,
@@ -32,6 +31,7 @@ use std::{
         unix::fs::MetadataExt,
     },
     path::{Path, PathBuf},
+    sync::OnceLock,
 };
 
 use aya::{
@@ -51,8 +51,10 @@ use crate::{
     Error, Result,
 };
 
-/// Where AggBox pins its attachments.
+/// Where AggBox pins its attachments, as seen from the host.
 pub const PIN_ROOT: &str = "/sys/fs/bpf/aggbox";
+/// The name of AggBox's directory in the bpffs.
+const PIN_DIR_NAME: &str = "aggbox";
 /// The bpffs mount point.
 pub const BPFFS: &str = "/sys/fs/bpf";
 /// `statfs` magic of bpffs.
@@ -106,20 +108,62 @@ fn mount(source: &str, target: &str, fstype: &str, flags: libc::c_ulong) -> io::
     }
 }
 
-/// Makes sure `/sys/fs/bpf` is a bpffs shared with the rest of the host:
-/// as it is, else the host's bind-mounted from `/proc/1/root` (inside
-/// `ip netns exec`), else a new one.
-pub fn ensure_bpffs() -> Result<()> {
+/// The parent of `pid` (field 4 of `/proc/<pid>/stat`).
+fn parent_pid(pid: u32) -> Option<u32> {
+    let stat = fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    stat[stat.rfind(')')? + 2..].split_whitespace().nth(1)?.parse().ok()
+}
+
+/// The bpffs to pin in, found once per process: `/sys/fs/bpf` when it is
+/// one; else (inside `ip netns exec`, which mounts a fresh `/sys` without
+/// it) the host's, reached through the root of PID 1 or of the nearest
+/// ancestor process that still sees it, and held open as a directory fd so
+/// `/proc/self/fd/<fd>` keeps reaching it; else a new private mount (then
+/// processes started apart cannot share an attachment, and a warning says
+/// so).
+pub fn bpffs_root() -> Result<PathBuf> {
+    static ROOT: OnceLock<PathBuf> = OnceLock::new();
+    if let Some(root) = ROOT.get() {
+        return Ok(root.clone());
+    }
+    let root = find_bpffs()?;
+    Ok(ROOT.get_or_init(|| root).clone())
+}
+
+fn find_bpffs() -> Result<PathBuf> {
     if is_bpffs(BPFFS) {
-        return Ok(());
+        return Ok(PathBuf::from(BPFFS));
     }
-    let host = "/proc/1/root/sys/fs/bpf";
-    if is_bpffs(host) && mount(host, BPFFS, "none", libc::MS_BIND).is_ok() {
-        return Ok(());
+    let mut candidates = vec![1];
+    let mut pid = std::process::id();
+    while let Some(parent) = parent_pid(pid).filter(|&p| p > 1) {
+        candidates.push(parent);
+        pid = parent;
     }
+    for pid in candidates {
+        let host = format!("/proc/{pid}/root{BPFFS}");
+        if !is_bpffs(&host) {
+            continue;
+        }
+        if let Ok(dir) = fs::File::open(&host) {
+            // Kept open for the life of the process: the path below goes
+            // through it.
+            let fd = OwnedFd::from(dir);
+            let path = PathBuf::from(format!("/proc/self/fd/{}", fd.as_raw_fd()));
+            std::mem::forget(fd);
+            return Ok(path);
+        }
+    }
+    tracing::warn!("no host bpffs is visible; mounting a private one: processes started apart cannot share an attachment (mount -t bpf bpf {BPFFS} on the host)");
     mount("bpf", BPFFS, "bpf", 0).map_err(|e| {
         Error::system(format!("mounting bpffs on {BPFFS} (try: mount -t bpf bpf {BPFFS})"), e)
-    })
+    })?;
+    Ok(PathBuf::from(BPFFS))
+}
+
+/// Where AggBox's pins live: `aggbox/` in [`bpffs_root`].
+pub fn pin_root() -> Result<PathBuf> {
+    Ok(bpffs_root()?.join(PIN_DIR_NAME))
 }
 
 /// The inode of this thread's network namespace: tells namespaces apart.
@@ -131,7 +175,7 @@ fn netns_inode() -> Result<u64> {
 
 /// The pin directory of the attachment on `iface` in this network namespace.
 pub fn pin_dir(iface: &Interface) -> Result<PathBuf> {
-    Ok(Path::new(PIN_ROOT).join(format!("{}-{}", netns_inode()?, iface.index)))
+    Ok(pin_root()?.join(format!("{}-{}", netns_inode()?, iface.index)))
 }
 
 /// An exclusive `flock` on [`PIN_ROOT`], held while joining or leaving.
@@ -139,8 +183,9 @@ struct PinLock(OwnedFd);
 
 impl PinLock {
     fn take() -> Result<PinLock> {
-        fs::create_dir_all(PIN_ROOT).map_err(|e| Error::system(format!("creating {PIN_ROOT}"), e))?;
-        let dir = fs::File::open(PIN_ROOT).map_err(|e| Error::system(format!("opening {PIN_ROOT}"), e))?;
+        let root = pin_root()?;
+        fs::create_dir_all(&root).map_err(|e| Error::system(format!("creating {}", root.display()), e))?;
+        let dir = fs::File::open(&root).map_err(|e| Error::system(format!("opening {}", root.display()), e))?;
         loop {
             // SAFETY: flock on an fd we own.
             if unsafe { libc::flock(dir.as_raw_fd(), libc::LOCK_EX) } == 0 {
@@ -354,7 +399,6 @@ impl Attachment {
     /// registered later, with [`Attachment::register_group`], once
     /// rendezvous has made it.
     pub fn acquire(iface: &Interface, port: u16) -> Result<Attachment> {
-        ensure_bpffs()?;
         let dir = pin_dir(iface)?;
         let _lock = PinLock::take()?;
 

@@ -1,0 +1,327 @@
+//! The virtual cluster and its faults, on real network namespaces (run as
+//! root). Every test removes what it made, also when it fails: a `Cluster`
+//! removes itself on drop, during unwinding too, and kept clusters are
+//! guarded by [`DownOnDrop`].
+
+use std::{
+    net::{Ipv4Addr, SocketAddr, UdpSocket},
+    os::fd::AsRawFd,
+    panic::{self, AssertUnwindSafe},
+    path::Path,
+    process::Command,
+    sync::{
+        atomic::{AtomicBool, Ordering},
+        Arc,
+    },
+    thread,
+    time::Duration,
+};
+
+use aggbox_core::{
+    cluster::{self, Cluster, ClusterSpec, PIN_ROOT},
+    fault::FaultSpec,
+    netif::format_mac,
+};
+
+/// The UDP port the tests receive on, in every host.
+const PORT: u16 = 47_000;
+/// How long a receiver waits for a datagram before it gives up.
+const TIMEOUT: Duration = Duration::from_secs(5);
+/// The MTU near the most native XDP on veth takes without `xdp.frags`.
+const JUMBO_MTU: u32 = 3500;
+/// IPv4 and UDP headers, without options.
+const IPV4_UDP_HEADERS: usize = 28;
+
+/// The names `ip netns list` shows that belong to cluster `prefix`.
+fn netns_of(prefix: &str) -> Vec<String> {
+    let output = Command::new("ip").args(["netns", "list"]).output().expect("ip netns list");
+    assert!(output.status.success(), "ip netns list: {output:?}");
+    let own = format!("{prefix}-");
+    String::from_utf8_lossy(&output.stdout)
+        .lines()
+        .filter_map(|line| line.split_whitespace().next())
+        .filter(|name| name.starts_with(&own))
+        .map(str::to_string)
+        .collect()
+}
+
+/// Standard output of a command that must succeed.
+fn stdout_of(mut command: Command) -> String {
+    let output = command.output().expect("run a command");
+    assert!(output.status.success(), "{command:?}: {output:?}");
+    String::from_utf8_lossy(&output.stdout).into_owned()
+}
+
+/// Removes cluster `.0` when dropped, for clusters that were kept.
+struct DownOnDrop(String);
+
+impl Drop for DownOnDrop {
+    fn drop(&mut self) {
+        let _ = cluster::down(&self.0);
+    }
+}
+
+fn bind(cluster: &Cluster, host: usize, port: u16) -> UdpSocket {
+    let addr = SocketAddr::from((cluster.host(host).ipv4, port));
+    cluster.run_in(host, || UdpSocket::bind(addr)).expect("enter the host").expect("bind")
+}
+
+#[test]
+fn datagram_goes_from_host_to_host_and_drop_removes_all() {
+    let cluster = Cluster::temporary(3).unwrap();
+    let prefix = cluster.prefix().to_string();
+    let mut expected: Vec<String> = (0..3).map(|i| format!("{prefix}-h{i}")).collect();
+    expected.push(format!("{prefix}-sw"));
+    let mut shown = netns_of(&prefix);
+    shown.sort();
+    expected.sort();
+    assert_eq!(shown, expected);
+
+    for (i, host) in cluster.hosts().iter().enumerate() {
+        assert_eq!(host.index, i);
+        assert_eq!(host.ipv4, Ipv4Addr::new(10, 77, 0, i as u8 + 1));
+        assert_eq!(host.iface, "eth0");
+        assert!(host.port_native_xdp, "native XDP on {} at MTU 1500", host.port);
+        let mut command = cluster.command(i, "ip");
+        command.args(["-o", "-4", "addr", "show", "dev", "eth0"]);
+        assert!(stdout_of(command).contains(&format!(" {}/24 ", host.ipv4)));
+        let mut command = cluster.command(i, "ip");
+        command.args(["-o", "link", "show", "dev", "eth0"]);
+        let link = stdout_of(command);
+        assert!(link.contains(&format!("link/ether {} ", format_mac(&host.mac))), "{link}");
+        assert!(link.contains(" mtu 1500 ") && link.contains("state UP"), "{link}");
+    }
+    let macs: std::collections::BTreeSet<[u8; 6]> = cluster.hosts().iter().map(|h| h.mac).collect();
+    assert_eq!(macs.len(), 3);
+    assert!(cluster.hosts().iter().all(|h| h.mac[0] & 0b11 == 0b10), "locally administered unicast");
+
+    let receiver = bind(&cluster, 2, PORT);
+    receiver.set_read_timeout(Some(TIMEOUT)).unwrap();
+    let sender = bind(&cluster, 0, 0);
+    let message = b"hello from host 0";
+    sender.send_to(message, (cluster.host(2).ipv4, PORT)).unwrap();
+    let mut buf = [0u8; 64];
+    let (len, from) = receiver.recv_from(&mut buf).unwrap();
+    assert_eq!(&buf[..len], message);
+    assert_eq!(from, sender.local_addr().unwrap());
+    assert_eq!(from.ip(), cluster.host(0).ipv4);
+
+    drop((sender, receiver));
+    drop(cluster);
+    assert_eq!(netns_of(&prefix), Vec::<String>::new());
+}
+
+#[test]
+fn jumbo_mtu_keeps_native_xdp_and_carries_full_datagrams() {
+    let cluster = Cluster::temporary_with_mtu(2, JUMBO_MTU).unwrap();
+    assert!(cluster.hosts().iter().all(|h| h.port_native_xdp), "{:?}", cluster.hosts());
+    let receiver = bind(&cluster, 1, PORT);
+    receiver.set_read_timeout(Some(TIMEOUT)).unwrap();
+    let sender = bind(&cluster, 0, 0);
+    // Forbid fragmentation, so that the MTU decides what may be sent.
+    let pmtudisc_do: libc::c_int = libc::IP_PMTUDISC_DO;
+    // SAFETY: setsockopt with an int option on an open socket.
+    let rc = unsafe {
+        libc::setsockopt(
+            sender.as_raw_fd(),
+            libc::IPPROTO_IP,
+            libc::IP_MTU_DISCOVER,
+            (&pmtudisc_do as *const libc::c_int).cast(),
+            std::mem::size_of::<libc::c_int>() as libc::socklen_t,
+        )
+    };
+    assert_eq!(rc, 0);
+    let largest = JUMBO_MTU as usize - IPV4_UDP_HEADERS;
+    let payload: Vec<u8> = (0..largest).map(|i| i as u8).collect();
+    let to = (cluster.host(1).ipv4, PORT);
+    let too_big = sender.send_to(&[0u8; JUMBO_MTU as usize], to).unwrap_err();
+    assert_eq!(too_big.raw_os_error(), Some(libc::EMSGSIZE));
+    sender.send_to(&payload, to).unwrap();
+    let mut buf = vec![0u8; JUMBO_MTU as usize];
+    let (len, from) = receiver.recv_from(&mut buf).unwrap();
+    assert_eq!(&buf[..len], &payload[..]);
+    assert_eq!(from.ip(), cluster.host(0).ipv4);
+}
+
+#[test]
+fn cluster_dropped_during_a_panic_removes_all() {
+    let mut prefix = None;
+    let outcome = panic::catch_unwind(AssertUnwindSafe(|| {
+        let cluster = Cluster::temporary(2).unwrap();
+        prefix = Some(cluster.prefix().to_string());
+        assert_eq!(netns_of(cluster.prefix()).len(), 3);
+        panic!("a test failing with a cluster up");
+    }));
+    assert!(outcome.is_err());
+    let prefix = prefix.expect("the cluster was made");
+    assert_eq!(netns_of(&prefix), Vec::<String>::new());
+}
+
+#[test]
+fn leftovers_of_a_killed_process_are_swept() {
+    // A pid that was alive and is no more.
+    let mut child = Command::new("true").spawn().unwrap();
+    let dead_pid = child.id();
+    child.wait().unwrap();
+    let leftover = format!("abt{dead_pid}x0");
+    let _guard = DownOnDrop(leftover.clone());
+    for suffix in ["sw", "h0"] {
+        let status = Command::new("ip").args(["netns", "add", &format!("{leftover}-{suffix}")]).status().unwrap();
+        assert!(status.success());
+    }
+    // (Not counted here: run in parallel, another test's cluster may sweep them already.)
+    let cluster = Cluster::temporary(1).unwrap();
+    assert_eq!(netns_of(&leftover), Vec::<String>::new());
+    assert_eq!(netns_of(cluster.prefix()).len(), 2);
+}
+
+/// Gives a socket a receive buffer big enough for every test datagram.
+fn grow_receive_buffer(socket: &UdpSocket, bytes: libc::c_int) {
+    // SAFETY: setsockopt with an int option on an open socket.
+    let rc = unsafe {
+        libc::setsockopt(
+            socket.as_raw_fd(),
+            libc::SOL_SOCKET,
+            libc::SO_RCVBUFFORCE,
+            (&bytes as *const libc::c_int).cast(),
+            std::mem::size_of::<libc::c_int>() as libc::socklen_t,
+        )
+    };
+    assert_eq!(rc, 0, "SO_RCVBUFFORCE: {}", std::io::Error::last_os_error());
+}
+
+#[test]
+fn faults_drop_and_duplicate_what_they_count() {
+    const DATAGRAMS: u32 = 5000;
+    /// Datagrams sent between two pauses of the sender.
+    const BURST: u32 = 50;
+    const PAUSE: Duration = Duration::from_millis(1);
+    /// How long the receiver waits for stragglers once the sender is done.
+    const QUIET: Duration = Duration::from_millis(500);
+    const RECEIVE_BUFFER: libc::c_int = 16 << 20;
+    const SEQ_BYTES: usize = 4;
+
+    let mut cluster = Cluster::temporary(2).unwrap();
+    cluster.inject_faults(FaultSpec::percent(10.0, 2.0)).unwrap();
+
+    let receiver = bind(&cluster, 1, PORT);
+    grow_receive_buffer(&receiver, RECEIVE_BUFFER);
+    receiver.set_read_timeout(Some(QUIET)).unwrap();
+    let sender = bind(&cluster, 0, 0);
+    let sending = Arc::new(AtomicBool::new(true));
+
+    let reader = {
+        let sending = Arc::clone(&sending);
+        thread::spawn(move || {
+            let mut copies = vec![0u32; DATAGRAMS as usize];
+            let mut buf = [0u8; 64];
+            loop {
+                match receiver.recv(&mut buf) {
+                    Ok(len) => {
+                        assert_eq!(len, SEQ_BYTES);
+                        let seq = u32::from_be_bytes(buf[..SEQ_BYTES].try_into().unwrap());
+                        copies[seq as usize] += 1;
+                    }
+                    Err(e) if matches!(e.kind(), std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut) => {
+                        if !sending.load(Ordering::SeqCst) {
+                            return copies;
+                        }
+                    }
+                    Err(e) => panic!("recv: {e}"),
+                }
+            }
+        })
+    };
+    let to = (cluster.host(1).ipv4, PORT);
+    let mut sent = 0u64;
+    for seq in 0..DATAGRAMS {
+        sender.send_to(&seq.to_be_bytes(), to).unwrap();
+        sent += 1;
+        if seq % BURST == BURST - 1 {
+            thread::sleep(PAUSE);
+        }
+    }
+    sending.store(false, Ordering::SeqCst);
+    let copies = reader.join().unwrap();
+
+    let received: u64 = copies.iter().map(|&c| u64::from(c)).sum();
+    let distinct = copies.iter().filter(|&&c| c > 0).count() as u64;
+    assert!(copies.iter().all(|&c| c <= 2), "a datagram came more than twice");
+
+    let stats = cluster.fault_stats().unwrap();
+    assert_eq!(stats.len(), 2);
+    assert_eq!(stats[0].seen, 0, "nothing was sent to host 0: {:?}", stats[0]);
+    let to_host1 = stats[1];
+    eprintln!("sent {sent}, received {received} ({distinct} distinct), faults at host 1: {to_host1:?}");
+    assert_eq!(to_host1.seen, sent, "{to_host1:?}");
+    assert_eq!(received, to_host1.seen - to_host1.dropped + to_host1.duplicated, "{to_host1:?}");
+    assert_eq!(received, to_host1.delivered());
+    assert_eq!(distinct, sent - to_host1.dropped, "{to_host1:?}");
+    assert_eq!(received - distinct, to_host1.duplicated, "{to_host1:?}");
+    assert!(to_host1.dropped > 0 && to_host1.duplicated > 0, "{to_host1:?}");
+    let dropped_fraction = to_host1.dropped as f64 / sent as f64;
+    assert!((0.06..=0.14).contains(&dropped_fraction), "dropped {dropped_fraction}");
+
+    // Without faults every datagram arrives once, and is still counted.
+    cluster.inject_faults(FaultSpec::NONE).unwrap();
+    let receiver = bind(&cluster, 1, PORT + 1);
+    receiver.set_read_timeout(Some(TIMEOUT)).unwrap();
+    sender.send_to(b"once", (cluster.host(1).ipv4, PORT + 1)).unwrap();
+    let mut buf = [0u8; 8];
+    assert_eq!(receiver.recv(&mut buf).unwrap(), 4);
+    receiver.set_read_timeout(Some(QUIET)).unwrap();
+    assert!(receiver.recv(&mut buf).is_err(), "a second copy arrived");
+    assert_eq!(cluster.fault_stats().unwrap()[1], aggbox_core::fault::FaultStats { seen: 1, dropped: 0, duplicated: 0 });
+    cluster.clear_faults();
+    assert!(cluster.fault_stats().is_err());
+}
+
+#[test]
+fn kept_cluster_outlives_its_value_until_down() {
+    let prefix = format!("abk{}", std::process::id());
+    let _guard = DownOnDrop(prefix.clone());
+    let mut cluster = Cluster::up(ClusterSpec::new(&prefix, 2).with_mtu(JUMBO_MTU)).unwrap();
+    cluster.inject_faults(FaultSpec::percent(1.0, 1.0)).unwrap();
+
+    // A second cluster of the same prefix is refused and leaves the first alone.
+    assert!(Cluster::up(ClusterSpec::new(&prefix, 1)).is_err());
+    assert_eq!(netns_of(&prefix).len(), 3);
+
+    assert_eq!(cluster.keep().unwrap(), prefix);
+    assert_eq!(netns_of(&prefix).len(), 3);
+    let pins = Path::new(PIN_ROOT).join(&prefix);
+    let mut pinned: Vec<String> =
+        std::fs::read_dir(&pins).unwrap().map(|e| e.unwrap().file_name().to_string_lossy().into_owned()).collect();
+    pinned.sort();
+    assert_eq!(pinned, ["fault-port0", "fault-port1", "xdp-port0", "xdp-port1"]);
+    // The programs are still attached, held by their pins alone.
+    let switch = format!("{prefix}-sw");
+    for port in ["port0", "port1"] {
+        let mut xdp = Command::new("ip");
+        xdp.args(["-n", &switch, "-d", "link", "show", "dev", port]);
+        assert!(stdout_of(xdp).contains("prog/xdp"), "XDP gone from {port}");
+    }
+
+    assert_eq!(cluster::down(&prefix).unwrap(), 3);
+    assert_eq!(netns_of(&prefix), Vec::<String>::new());
+    assert!(!pins.exists());
+    assert!(!Path::new(PIN_ROOT).exists());
+    assert_eq!(cluster::down(&prefix).unwrap(), 0);
+}
+
+#[test]
+#[ignore]
+fn explore() {
+    for mtu in (3498..3520).step_by(2) {
+        let c = Cluster::temporary_with_mtu(2, mtu).unwrap();
+        eprintln!("mtu {mtu}: native {:?}", c.hosts().iter().map(|h| h.port_native_xdp).collect::<Vec<_>>());
+        let mut cmd = Command::new("ip");
+        cmd.args(["-n", &c.switch_netns(), "-d", "link", "show", "dev", "port0"]);
+        eprintln!("{}", stdout_of(cmd));
+        let r = bind(&c, 1, PORT);
+        r.set_read_timeout(Some(TIMEOUT)).unwrap();
+        bind(&c, 0, 0).send_to(b"x", (c.host(1).ipv4, PORT)).unwrap();
+        let mut b = [0u8; 4];
+        eprintln!("recv {:?}", r.recv(&mut b));
+    }
+}
