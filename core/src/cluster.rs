@@ -101,7 +101,11 @@ pub struct ClusterSpec {
 impl ClusterSpec {
     /// `hosts` hosts named after `prefix`, with the [`DEFAULT_MTU`].
     pub fn new(prefix: impl Into<String>, hosts: usize) -> Self {
-        ClusterSpec { hosts, prefix: prefix.into(), mtu: DEFAULT_MTU }
+        ClusterSpec {
+            hosts,
+            prefix: prefix.into(),
+            mtu: DEFAULT_MTU,
+        }
     }
 
     /// The same spec with another MTU.
@@ -118,7 +122,10 @@ impl ClusterSpec {
             )));
         }
         if !(MIN_MTU..=MAX_MTU).contains(&self.mtu) {
-            return Err(Error::InvalidArgument(format!("MTU {} is not in {MIN_MTU}..={MAX_MTU}", self.mtu)));
+            return Err(Error::InvalidArgument(format!(
+                "MTU {} is not in {MIN_MTU}..={MAX_MTU}",
+                self.mtu
+            )));
         }
         validate_prefix(&self.prefix)
     }
@@ -180,7 +187,9 @@ fn belongs(prefix: &str, name: &str) -> bool {
 
 fn validate_prefix(prefix: &str) -> Result<()> {
     let starts_well = prefix.chars().next().is_some_and(|c| c.is_ascii_alphanumeric());
-    let chars_ok = prefix.chars().all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-');
+    let chars_ok = prefix
+        .chars()
+        .all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-');
     if starts_well && chars_ok && prefix.len() <= MAX_PREFIX_LEN {
         Ok(())
     } else {
@@ -219,18 +228,29 @@ fn namespaces_of(prefix: &str) -> Result<Vec<String>> {
 /// The `ip` binary of iproute2.
 fn ip_binary() -> &'static str {
     static IP: OnceLock<&'static str> = OnceLock::new();
-    IP.get_or_init(|| IP_CANDIDATES.into_iter().find(|path| Path::new(path).exists()).unwrap_or("ip"))
+    IP.get_or_init(|| {
+        IP_CANDIDATES
+            .into_iter()
+            .find(|path| Path::new(path).exists())
+            .unwrap_or("ip")
+    })
 }
 
 /// Runs `ip <args>`, failing with its stderr.
 fn ip(args: &[&str]) -> Result<()> {
     let context = format!("ip {}", args.join(" "));
-    let output = Command::new(ip_binary()).args(args).output().map_err(|e| Error::system(&context, e))?;
+    let output = Command::new(ip_binary())
+        .args(args)
+        .output()
+        .map_err(|e| Error::system(&context, e))?;
     if output.status.success() {
         return Ok(());
     }
     let stderr = String::from_utf8_lossy(&output.stderr).trim().to_string();
-    Err(Error::system(context, io::Error::other(format!("{} ({})", stderr, output.status))))
+    Err(Error::system(
+        context,
+        io::Error::other(format!("{} ({})", stderr, output.status)),
+    ))
 }
 
 fn delete_netns(name: &str) -> Result<()> {
@@ -249,7 +269,10 @@ fn in_netns<T: Send>(netns: &str, f: impl FnOnce() -> T + Send) -> Result<T> {
                 // SAFETY: setns on an open namespace file; it moves only this
                 // thread, which ends when `f` returns.
                 if unsafe { libc::setns(file.as_raw_fd(), libc::CLONE_NEWNET) } != 0 {
-                    return Err(Error::system(format!("entering network namespace {netns}"), io::Error::last_os_error()));
+                    return Err(Error::system(
+                        format!("entering network namespace {netns}"),
+                        io::Error::last_os_error(),
+                    ));
                 }
                 drop(file);
                 Ok(f())
@@ -270,7 +293,10 @@ fn ensure_bpffs() -> Result<()> {
     let kind = CString::new("bpf").expect("no NUL in a constant");
     // SAFETY: mount with NUL-terminated strings and no data.
     if unsafe { libc::mount(kind.as_ptr(), path.as_ptr(), kind.as_ptr(), 0, std::ptr::null()) } != 0 {
-        return Err(Error::system(format!("mount -t bpf bpf {BPFFS}"), io::Error::last_os_error()));
+        return Err(Error::system(
+            format!("mount -t bpf bpf {BPFFS}"),
+            io::Error::last_os_error(),
+        ));
     }
     Ok(())
 }
@@ -312,7 +338,8 @@ pub fn down(prefix: &str) -> Result<usize> {
 fn temporary_owner(name: &str) -> Option<(&str, libc::pid_t)> {
     let (prefix, _) = name.split_once('-')?;
     let (pid, counter) = prefix.strip_prefix(TEMPORARY_PREFIX)?.split_once(TEMPORARY_SEPARATOR)?;
-    if counter.is_empty() || !counter.bytes().all(|b| b.is_ascii_digit()) {
+    let digits = |text: &str| !text.is_empty() && text.bytes().all(|b| b.is_ascii_digit());
+    if !digits(pid) || !digits(counter) {
         return None;
     }
     Some((prefix, pid.parse().ok()?))
@@ -367,7 +394,7 @@ impl std::fmt::Debug for Cluster {
             .field("prefix", &self.prefix)
             .field("mtu", &self.mtu)
             .field("hosts", &self.hosts)
-            .field("faults", &!self.faults.is_empty())
+            .field("faults_injected", &!self.faults.is_empty())
             .finish()
     }
 }
@@ -390,8 +417,15 @@ impl Cluster {
         }
         // From here on an early return drops `cluster`, which removes what
         // was made.
-        let mut cluster =
-            Cluster { prefix, mtu: spec.mtu, hosts: Vec::new(), created: Vec::new(), xdp: None, faults: Vec::new(), kept: false };
+        let mut cluster = Cluster {
+            prefix,
+            mtu: spec.mtu,
+            hosts: Vec::new(),
+            created: Vec::new(),
+            xdp: None,
+            faults: Vec::new(),
+            kept: false,
+        };
         cluster.make_switch()?;
         for index in 0..spec.hosts {
             cluster.add_host(index)?;
@@ -442,7 +476,11 @@ impl Cluster {
         let netns = host_netns(&self.prefix, index);
         self.add_netns(netns.clone())?;
         let (port, ipv4, mac) = (format!("{PORT}{index}"), host_ipv4(index), host_mac(index));
-        let (mtu, mac_text, address) = (self.mtu.to_string(), format_mac(&mac), format!("{ipv4}/{SUBNET_PREFIX_LEN}"));
+        let (mtu, mac_text, address) = (
+            self.mtu.to_string(),
+            format_mac(&mac),
+            format!("{ipv4}/{SUBNET_PREFIX_LEN}"),
+        );
         #[rustfmt::skip]
         ip(&["-n", &switch, "link", "add", &port, "mtu", &mtu, "type", "veth",
              "peer", "name", IFACE, "address", &mac_text, "mtu", &mtu, "netns", &netns])?;
@@ -450,7 +488,15 @@ impl Cluster {
         ip(&["-n", &netns, "addr", "add", &address, "dev", IFACE])?;
         ip(&["-n", &netns, "link", "set", IFACE, "up"])?;
         ip(&["-n", &netns, "link", "set", "lo", "up"])?;
-        self.hosts.push(Host { index, netns, iface: IFACE.into(), ipv4, mac, port, port_native_xdp: false });
+        self.hosts.push(Host {
+            index,
+            netns,
+            iface: IFACE.into(),
+            ipv4,
+            mac,
+            port,
+            port_native_xdp: false,
+        });
         Ok(())
     }
 
@@ -465,7 +511,9 @@ impl Cluster {
                 .ok_or_else(|| Error::Internal(format!("no program {} in its object", bpf::programs::XDP_PASS)))?
                 .try_into()
                 .map_err(|e| bpf_error("the XDP pass program", e))?;
-            program.load().map_err(|e| bpf_error("loading the XDP pass program", e))?;
+            program
+                .load()
+                .map_err(|e| bpf_error("loading the XDP pass program", e))?;
             let (mut links, mut native) = (Vec::new(), Vec::new());
             for port in &ports {
                 let (link, is_native) = match program.attach(port, XdpMode::Driver) {
@@ -551,7 +599,10 @@ impl Cluster {
         self.clear_faults();
         let ports: Vec<String> = self.hosts.iter().map(|host| host.port.clone()).collect();
         self.faults = in_netns(&self.switch_netns(), move || {
-            ports.iter().map(|port| FaultInjector::attach(port, &spec)).collect::<Result<Vec<_>>>()
+            ports
+                .iter()
+                .map(|port| FaultInjector::attach(port, &spec))
+                .collect::<Result<Vec<_>>>()
         })??;
         Ok(())
     }
@@ -565,7 +616,10 @@ impl Cluster {
     /// index.
     pub fn fault_stats(&self) -> Result<Vec<FaultStats>> {
         if self.faults.is_empty() {
-            return Err(Error::InvalidArgument(format!("no faults are injected in cluster {}", self.prefix)));
+            return Err(Error::InvalidArgument(format!(
+                "no faults are injected in cluster {}",
+                self.prefix
+            )));
         }
         self.faults.iter().map(FaultInjector::stats).collect()
     }
@@ -585,11 +639,14 @@ impl Cluster {
                 .try_into()
                 .map_err(|e| bpf_error("the XDP pass program", e))?;
             for (link, host) in links.drain(..).zip(&self.hosts) {
-                let link = program.take_link(link).map_err(|e| bpf_error("taking an XDP link", e))?;
+                let link = program
+                    .take_link(link)
+                    .map_err(|e| bpf_error("taking an XDP link", e))?;
                 let link = FdLink::try_from(link)
                     .map_err(|e| bpf_error(format!("the XDP link on {} is not a bpf_link", host.port), e))?;
                 let path = dir.join(format!("xdp-{}", host.port));
-                link.pin(&path).map_err(|e| bpf_error(format!("pinning {}", path.display()), e))?;
+                link.pin(&path)
+                    .map_err(|e| bpf_error(format!("pinning {}", path.display()), e))?;
             }
         }
         for (fault, host) in std::mem::take(&mut self.faults).into_iter().zip(&self.hosts) {
@@ -644,6 +701,13 @@ mod tests {
         assert_eq!(temporary_owner("abtx7-sw"), None);
         assert_eq!(temporary_owner("abc42x7-sw"), None);
         assert_eq!(temporary_owner("abt42x7"), None);
+        assert_eq!(temporary_owner("abt+42x7-sw"), None);
+    }
+
+    #[test]
+    fn a_cluster_can_be_shared_between_threads() {
+        fn shareable<T: Send + Sync>() {}
+        shareable::<Cluster>();
     }
 
     #[test]

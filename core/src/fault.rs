@@ -60,7 +60,12 @@ pub struct FaultSpec {
 
 impl FaultSpec {
     /// No faults, on all UDP ports.
-    pub const NONE: FaultSpec = FaultSpec { drop_ppm: 0, dup_ppm: 0, port_lo: 0, port_hi: u16::MAX };
+    pub const NONE: FaultSpec = FaultSpec {
+        drop_ppm: 0,
+        dup_ppm: 0,
+        port_lo: 0,
+        port_hi: u16::MAX,
+    };
 
     /// Drops `drop` percent of the UDP frames on every port, and duplicates
     /// `duplicate` percent of those it does not drop.
@@ -69,12 +74,20 @@ impl FaultSpec {
     ///
     /// If a percentage is not a number in `0.0..=100.0`.
     pub fn percent(drop: f64, duplicate: f64) -> Self {
-        FaultSpec { drop_ppm: percent_to_ppm(drop), dup_ppm: percent_to_ppm(duplicate), ..Self::NONE }
+        FaultSpec {
+            drop_ppm: percent_to_ppm(drop),
+            dup_ppm: percent_to_ppm(duplicate),
+            ..Self::NONE
+        }
     }
 
     /// The same faults, only on UDP destination ports `lo..=hi`.
     pub fn ports(self, lo: u16, hi: u16) -> Self {
-        FaultSpec { port_lo: lo, port_hi: hi, ..self }
+        FaultSpec {
+            port_lo: lo,
+            port_hi: hi,
+            ..self
+        }
     }
 
     /// Whether this spec leaves every frame alone.
@@ -107,7 +120,10 @@ impl Default for FaultSpec {
 }
 
 fn percent_to_ppm(percent: f64) -> u32 {
-    assert!((0.0..=100.0).contains(&percent), "a fault percentage must be in 0..=100, not {percent}");
+    assert!(
+        (0.0..=100.0).contains(&percent),
+        "a fault percentage must be in 0..=100, not {percent}"
+    );
     (percent * PPM_PER_PERCENT).round() as u32
 }
 
@@ -169,7 +185,11 @@ impl FaultInjector {
         let link = program
             .attach(iface, TcAttachType::Egress)
             .map_err(|e| bpf_error(format!("attaching the fault program at TC egress of {iface}"), e))?;
-        Ok(FaultInjector { ebpf, link, iface: iface.to_string() })
+        Ok(FaultInjector {
+            ebpf,
+            link,
+            iface: iface.to_string(),
+        })
     }
 
     /// The interface it is attached to.
@@ -186,11 +206,16 @@ impl FaultInjector {
         let counters: PerCpuArray<_, u64> =
             PerCpuArray::try_from(map).map_err(|e| bpf_error(format!("the {STATS_MAP} map"), e))?;
         let read = |index: u32| -> Result<u64> {
-            let per_cpu =
-                counters.get(&index, 0).map_err(|e| bpf_error(format!("reading {STATS_MAP}[{index}]"), e))?;
+            let per_cpu = counters
+                .get(&index, 0)
+                .map_err(|e| bpf_error(format!("reading {STATS_MAP}[{index}]"), e))?;
             Ok(per_cpu.iter().sum())
         };
-        Ok(FaultStats { seen: read(stat::SEEN)?, dropped: read(stat::DROPPED)?, duplicated: read(stat::DUPLICATED)? })
+        Ok(FaultStats {
+            seen: read(stat::SEEN)?,
+            dropped: read(stat::DROPPED)?,
+            duplicated: read(stat::DUPLICATED)?,
+        })
     }
 
     /// Pins its link at `path` (on a bpffs) so that it stays attached after
@@ -202,10 +227,13 @@ impl FaultInjector {
             .ok_or_else(|| Error::Internal("fault program vanished".into()))?
             .try_into()
             .map_err(|e| bpf_error("the fault program", e))?;
-        let link = program.take_link(self.link).map_err(|e| bpf_error("taking the fault link", e))?;
+        let link = program
+            .take_link(self.link)
+            .map_err(|e| bpf_error("taking the fault link", e))?;
         let link = FdLink::try_from(link)
             .map_err(|e| bpf_error(format!("the fault link on {} is not a bpf_link", self.iface), e))?;
-        link.pin(path).map_err(|e| bpf_error(format!("pinning the fault link at {}", path.display()), e))?;
+        link.pin(path)
+            .map_err(|e| bpf_error(format!("pinning the fault link at {}", path.display()), e))?;
         Ok(())
     }
 
@@ -217,7 +245,9 @@ impl FaultInjector {
             .ok_or_else(|| Error::Internal("fault program vanished".into()))?
             .try_into()
             .map_err(|e| bpf_error("the fault program", e))?;
-        program.detach(self.link).map_err(|e| bpf_error(format!("detaching the fault program from {}", self.iface), e))
+        program
+            .detach(self.link)
+            .map_err(|e| bpf_error(format!("detaching the fault program from {}", self.iface), e))
     }
 }
 
@@ -238,7 +268,12 @@ mod tests {
 
     #[test]
     fn bad_specs_are_refused() {
-        assert!(FaultSpec { drop_ppm: PER_MILLION + 1, ..FaultSpec::NONE }.validate().is_err());
+        assert!(FaultSpec {
+            drop_ppm: PER_MILLION + 1,
+            ..FaultSpec::NONE
+        }
+        .validate()
+        .is_err());
         assert!(FaultSpec::percent(1.0, 0.0).ports(9, 8).validate().is_err());
         assert!(FaultSpec::percent(1.0, 0.0).ports(8, 8).validate().is_ok());
     }
@@ -251,7 +286,11 @@ mod tests {
 
     #[test]
     fn delivered_counts_duplicates_once_more() {
-        let stats = FaultStats { seen: 100, dropped: 10, duplicated: 3 };
+        let stats = FaultStats {
+            seen: 100,
+            dropped: 10,
+            duplicated: 3,
+        };
         assert_eq!(stats.delivered(), 93);
     }
 }

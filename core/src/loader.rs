@@ -220,7 +220,7 @@ fn is_alive(key: &UserKey, user: &UserValue) -> bool {
 }
 
 /// The shared maps of one attachment, opened from their pins.
-struct SharedMaps {
+pub(crate) struct SharedMaps {
     ports: HashMap<MapData, u16, PortValue>,
     groups: HashMap<MapData, u32, GroupValue>,
     members: HashMap<MapData, MemberKey, MemberValue>,
@@ -241,7 +241,7 @@ fn map_error(what: impl Into<String>) -> impl FnOnce(aya::maps::MapError) -> Err
 }
 
 impl SharedMaps {
-    fn open(dir: &Path) -> Result<SharedMaps> {
+    pub(crate) fn open(dir: &Path) -> Result<SharedMaps> {
         let typed = |name: &str| -> Result<Map> { open_pinned(dir, name) };
         let wrong = |name: &'static str| move |e: aya::maps::MapError| Error::Internal(format!("map {name}: {e}"));
         Ok(SharedMaps {
@@ -278,6 +278,50 @@ impl SharedMaps {
         live.len()
     }
 
+    fn group_value(group: &GroupInfo) -> GroupValue {
+        GroupValue { token: group.token, size: group.peers.len() as u32, reserved: 0 }
+    }
+
+    /// Fails when `group`'s id is registered here for a different group.
+    fn check_group_free(&self, group: &GroupInfo, iface: &str) -> Result<()> {
+        match self.groups.get(&group.group, 0) {
+            Ok(existing) if existing != Self::group_value(group) => Err(Error::Internal(format!(
+                "group id {} is already registered on {iface} for another group; start again",
+                group.group
+            ))),
+            _ => Ok(()),
+        }
+    }
+
+    /// Registers the group and its members.
+    pub(crate) fn insert_group(&mut self, group: &GroupInfo) -> Result<()> {
+        self.groups.insert(group.group, Self::group_value(group), 0).map_err(map_error("registering the group"))?;
+        for peer in &group.peers {
+            let member = MemberValue { ipv4: u32::from(peer.ipv4).to_be(), port: peer.port, mac: peer.mac };
+            let member_key = MemberKey { group: group.group, rank: peer.rank as u32 };
+            self.members.insert(member_key, member, 0).map_err(map_error("registering a member"))?;
+        }
+        Ok(())
+    }
+
+    /// Makes `port` a port of `group`.
+    pub(crate) fn insert_port(&mut self, port: u16, group: u32) -> Result<()> {
+        self.ports.insert(port, PortValue { group }, 0).map_err(map_error("registering the port"))
+    }
+
+    /// The kernel counters.
+    pub(crate) fn kernel_stats(&self) -> Result<KernelStats> {
+        let mut stats = KernelStats::default();
+        for prog in Prog::ALL {
+            for stat in 0..STAT_MAX {
+                let index = (prog as usize * STAT_MAX + stat) as u32;
+                let values = self.stats.get(&index, 0).map_err(map_error("reading ab_stats"))?;
+                stats.counters[prog as usize][stat] = values.iter().sum();
+            }
+        }
+        Ok(stats)
+    }
+
     fn remove_group(&mut self, group: u32) {
         let Ok(value) = self.groups.get(&group, 0) else { return };
         for rank in 0..value.size {
@@ -288,7 +332,7 @@ impl SharedMaps {
 }
 
 /// Loads one of the AggBox objects with its maps pinned by name in `dir`.
-fn load_object(bytes: &[u8], dir: &Path) -> Result<aya::Ebpf> {
+pub(crate) fn load_object(bytes: &[u8], dir: &Path) -> Result<aya::Ebpf> {
     EbpfLoader::new()
         .default_map_pin_directory(dir)
         .load(bytes)
@@ -356,7 +400,7 @@ fn attach_fresh(iface: &Interface, dir: &Path) -> Result<XdpAttachMode> {
 
 /// Removes every pin in `dir` (detaching the programs whose links they
 /// held) and the directory itself.
-fn tear_down(dir: &Path) {
+pub(crate) fn tear_down(dir: &Path) {
     if let Ok(entries) = fs::read_dir(dir) {
         for entry in entries.flatten() {
             let _ = fs::remove_file(entry.path());
@@ -444,30 +488,14 @@ impl Attachment {
     pub fn register_group(&mut self, group: &GroupInfo) -> Result<()> {
         let _lock = PinLock::take()?;
         let maps = &mut self.maps;
-        let group_value = GroupValue { token: group.token, size: group.peers.len() as u32, reserved: 0 };
-        if let Ok(existing) = maps.groups.get(&group.group, 0) {
-            if existing != group_value {
-                return Err(Error::Internal(format!(
-                    "group id {} is already registered on {} for another group; start again",
-                    group.group, self.iface
-                )));
-            }
-        }
+        maps.check_group_free(group, &self.iface)?;
         self.group = group.group;
         maps.users
             .insert(self.key, UserValue { start_time: self.start_time, group: group.group, reserved: 0 }, 0)
             .map_err(map_error("registering this process's group"))?;
-        maps.groups.insert(group.group, group_value, 0).map_err(map_error("registering the group"))?;
-        for peer in &group.peers {
-            let member = MemberValue { ipv4: u32::from(peer.ipv4).to_be(), port: peer.port, mac: peer.mac };
-            let member_key = MemberKey { group: group.group, rank: peer.rank as u32 };
-            maps.members.insert(member_key, member, 0).map_err(map_error("registering a member"))?;
-        }
+        maps.insert_group(group)?;
         // Last: from here on the programs treat the port as AggBox's.
-        maps.ports
-            .insert(self.key.port, PortValue { group: group.group }, 0)
-            .map_err(map_error("registering the port"))?;
-        Ok(())
+        maps.insert_port(self.key.port, group.group)
     }
 
     /// The XDP mode of the attachment.
@@ -493,15 +521,7 @@ impl Attachment {
 
     /// The kernel counters of the programs on this interface.
     pub fn kernel_stats(&self) -> Result<KernelStats> {
-        let mut stats = KernelStats::default();
-        for prog in Prog::ALL {
-            for stat in 0..STAT_MAX {
-                let index = (prog as usize * STAT_MAX + stat) as u32;
-                let values = self.maps.stats.get(&index, 0).map_err(map_error("reading ab_stats"))?;
-                stats.counters[prog as usize][stat] = values.iter().sum();
-            }
-        }
-        Ok(stats)
+        self.maps.kernel_stats()
     }
 
     /// Unregisters; detaches when no live user is left. Caller holds the lock.

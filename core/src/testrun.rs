@@ -1,1 +1,168 @@
-//! TODO
+//! `BPF_PROG_TEST_RUN`: runs a loaded program on a crafted frame, without
+//! attaching it anywhere, and returns its verdict and the frame it left.
+//!
+//! [`Harness`] loads the three AggBox programs with their shared maps
+//! (unpinned: nothing is left behind), so a test can register a group and
+//! feed each program good and malformed frames.
+
+use std::{
+    io,
+    os::fd::{AsFd, AsRawFd, BorrowedFd},
+    path::PathBuf,
+    sync::atomic::{AtomicU32, Ordering},
+};
+
+use aya::programs::{SchedClassifier, Xdp};
+
+use crate::{
+    bpf,
+    loader::{self, SharedMaps},
+    maps::Prog,
+    rendezvous::GroupInfo,
+    stats::KernelStats,
+    Error, Result,
+};
+
+/// `BPF_PROG_TEST_RUN`, the bpf(2) command number.
+const BPF_PROG_TEST_RUN: libc::c_long = 10;
+
+/// The `test` member of `union bpf_attr`.
+#[repr(C)]
+#[derive(Default)]
+struct TestRunAttr {
+    prog_fd: u32,
+    retval: u32,
+    data_size_in: u32,
+    data_size_out: u32,
+    data_in: u64,
+    data_out: u64,
+    repeat: u32,
+    duration: u32,
+    ctx_size_in: u32,
+    ctx_size_out: u32,
+    ctx_in: u64,
+    ctx_out: u64,
+    flags: u32,
+    cpu: u32,
+    batch_size: u32,
+    _pad: u32,
+}
+
+/// What a test run gave back.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct TestRun {
+    /// The program's return value (an `XDP_*` or `TC_ACT_*` verdict).
+    pub retval: u32,
+    /// The frame as the program left it.
+    pub frame: Vec<u8>,
+}
+
+/// XDP verdicts.
+pub mod xdp {
+    /// `XDP_DROP`.
+    pub const DROP: u32 = 1;
+    /// `XDP_PASS`.
+    pub const PASS: u32 = 2;
+    /// `XDP_TX`.
+    pub const TX: u32 = 3;
+}
+
+/// TC verdicts.
+pub mod tc {
+    /// `TC_ACT_OK`.
+    pub const OK: u32 = 0;
+    /// `TC_ACT_SHOT`.
+    pub const SHOT: u32 = 2;
+}
+
+/// Runs `prog` once on `frame`.
+pub fn test_run(prog: BorrowedFd<'_>, frame: &[u8]) -> Result<TestRun> {
+    let mut out = vec![0u8; frame.len() + 512];
+    let mut attr = TestRunAttr {
+        prog_fd: prog.as_raw_fd() as u32,
+        data_size_in: frame.len() as u32,
+        data_size_out: out.len() as u32,
+        data_in: frame.as_ptr() as u64,
+        data_out: out.as_mut_ptr() as u64,
+        repeat: 1,
+        ..TestRunAttr::default()
+    };
+    // SAFETY: attr points at valid in/out buffers of the sizes it gives.
+    let rc = unsafe {
+        libc::syscall(
+            libc::SYS_bpf,
+            BPF_PROG_TEST_RUN,
+            &mut attr as *mut TestRunAttr,
+            std::mem::size_of::<TestRunAttr>() as u32,
+        )
+    };
+    if rc < 0 {
+        return Err(Error::system("BPF_PROG_TEST_RUN", io::Error::last_os_error()));
+    }
+    out.truncate(attr.data_size_out as usize);
+    Ok(TestRun { retval: attr.retval, frame: out })
+}
+
+/// The AggBox programs loaded (not attached) with private shared maps.
+pub struct Harness {
+    objects: Vec<aya::Ebpf>,
+    maps: SharedMaps,
+}
+
+impl Harness {
+    /// Loads XDP ingress, TC ingress and TC egress around one set of maps.
+    pub fn new() -> Result<Harness> {
+        static NEXT: AtomicU32 = AtomicU32::new(0);
+        let dir: PathBuf = loader::bpffs_root()?.join(format!(
+            "aggbox-testrun-{}-{}",
+            std::process::id(),
+            NEXT.fetch_add(1, Ordering::Relaxed)
+        ));
+        std::fs::create_dir_all(&dir).map_err(|e| Error::system("creating a test pin dir", e))?;
+        let result = (|| {
+            let mut objects = Vec::new();
+            for bytes in [bpf::XDP_INGRESS, bpf::TC_INGRESS, bpf::TC_EGRESS] {
+                objects.push(loader::load_object(bytes, &dir)?);
+            }
+            let load = |e: aya::programs::ProgramError| Error::Unsupported(format!("loading: {e}"));
+            let xdp: &mut Xdp = objects[0]
+                .program_mut(bpf::programs::XDP_INGRESS)
+                .unwrap()
+                .try_into()
+                .map_err(load)?;
+            xdp.load().map_err(load)?;
+            for (object, name) in objects[1..].iter_mut().zip([bpf::programs::TC_INGRESS, bpf::programs::TC_EGRESS]) {
+                let tc: &mut SchedClassifier = object.program_mut(name).unwrap().try_into().map_err(load)?;
+                tc.load().map_err(load)?;
+            }
+            let maps = SharedMaps::open(&dir)?;
+            Ok(Harness { objects, maps })
+        })();
+        // The objects and maps hold their fds: the pins are not needed.
+        loader::tear_down(&dir);
+        result
+    }
+
+    /// Registers `group`, served by a local communicator on `port`.
+    pub fn register(&mut self, port: u16, group: &GroupInfo) -> Result<()> {
+        self.maps.insert_group(group)?;
+        self.maps.insert_port(port, group.group)
+    }
+
+    /// Runs `prog` on `frame`.
+    pub fn run(&self, prog: Prog, frame: &[u8]) -> Result<TestRun> {
+        let (index, name) = match prog {
+            Prog::XdpIngress => (0, bpf::programs::XDP_INGRESS),
+            Prog::TcIngress => (1, bpf::programs::TC_INGRESS),
+            Prog::TcEgress => (2, bpf::programs::TC_EGRESS),
+        };
+        let program = self.objects[index].program(name).expect("program in object");
+        let fd = program.fd().map_err(|e| Error::Internal(format!("{name} fd: {e}")))?;
+        test_run(fd.as_fd(), frame)
+    }
+
+    /// The counters every program keeps.
+    pub fn stats(&self) -> Result<KernelStats> {
+        self.maps.kernel_stats()
+    }
+}
