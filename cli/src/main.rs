@@ -1,1 +1,178 @@
-fn main() {}
+//! `aggbox`: doctor, virtual cluster, benchmarks and status.
+
+mod bench;
+
+use std::{net::Ipv4Addr, process::ExitCode, time::Instant};
+
+use aggbox_core::{
+    cluster::{self, Cluster, ClusterSpec},
+    doctor,
+    fault::FaultSpec,
+    loader,
+    maps::{Prog, STAT_NAMES},
+    Comm,
+};
+use clap::{Parser, Subcommand};
+
+#[derive(Parser)]
+#[command(name = "aggbox", version, about = "In-kernel broadcast and aggregation collectives")]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Report what this host supports and which datapath `auto` would choose.
+    Doctor {
+        /// Interface to examine (default: AGGBOX_IFACE, else the one that
+        /// reaches MASTER_ADDR, else the first non-loopback one).
+        #[arg(long)]
+        iface: Option<String>,
+    },
+    /// Bring a virtual cluster of network namespaces up or down.
+    Cluster {
+        #[command(subcommand)]
+        action: ClusterAction,
+    },
+    /// Measure, printing ratios measured in one run.
+    Bench {
+        #[command(subcommand)]
+        what: bench::Bench,
+    },
+    /// List the AggBox attachments on this host, their users and counters.
+    Status,
+    /// Run as one rank (used by `bench` and the demo): barriers from the
+    /// environment (RANK, WORLD_SIZE, MASTER_ADDR, …), one report line.
+    #[command(hide = true)]
+    Rank {
+        /// How many barriers.
+        #[arg(default_value_t = 1000)]
+        barriers: usize,
+    },
+}
+
+#[derive(Subcommand)]
+enum ClusterAction {
+    /// Create N hosts `<prefix>-h<i>` (10.77.0.(i+1)) on one bridge.
+    Up {
+        /// Number of hosts.
+        #[arg(long, default_value_t = 4)]
+        hosts: usize,
+        /// Name prefix of its namespaces.
+        #[arg(long, default_value = "aggbox")]
+        prefix: String,
+        /// MTU of every link.
+        #[arg(long, default_value_t = cluster::DEFAULT_MTU)]
+        mtu: u32,
+        /// Inject faults on the frames delivered to every host: "DROP%,DUP%".
+        #[arg(long)]
+        faults: Option<String>,
+    },
+    /// Remove the cluster of that prefix.
+    Down {
+        /// Name prefix of its namespaces.
+        #[arg(long, default_value = "aggbox")]
+        prefix: String,
+    },
+}
+
+fn parse_faults(text: &str) -> Result<FaultSpec, String> {
+    let parts: Vec<f64> = text.split(',').map(|p| p.trim().trim_end_matches('%').parse()).collect::<Result<_, _>>()
+        .map_err(|_| format!("--faults {text:?}: expected DROP%,DUP% such as 10,2"))?;
+    match parts.as_slice() {
+        [drop, dup] if (0.0..=100.0).contains(drop) && (0.0..=100.0).contains(dup) => Ok(FaultSpec::percent(*drop, *dup)),
+        _ => Err(format!("--faults {text:?}: expected two percentages such as 10,2")),
+    }
+}
+
+fn run(cli: Cli) -> Result<ExitCode, String> {
+    match cli.command {
+        Command::Doctor { iface } => {
+            let iface = iface.or_else(|| std::env::var("AGGBOX_IFACE").ok().filter(|s| !s.is_empty()));
+            let toward = std::env::var("MASTER_ADDR").ok().and_then(|a| a.parse::<Ipv4Addr>().ok());
+            let report = doctor::diagnose(iface.as_deref(), toward).map_err(|e| e.to_string())?;
+            print!("{}", report.render());
+            Ok(if report.user_ok { ExitCode::SUCCESS } else { ExitCode::FAILURE })
+        }
+        Command::Cluster { action: ClusterAction::Up { hosts, prefix, mtu, faults } } => {
+            let mut cluster = Cluster::up(ClusterSpec { hosts, prefix, mtu }).map_err(|e| e.to_string())?;
+            if let Some(faults) = faults {
+                cluster.inject_faults(parse_faults(&faults)?).map_err(|e| e.to_string())?;
+            }
+            for host in cluster.hosts() {
+                println!("{} {} {}", host.netns, host.ipv4, aggbox_core::netif::format_mac(&host.mac));
+            }
+            let prefix = cluster.keep().map_err(|e| e.to_string())?;
+            println!("cluster {prefix} is up; run a rank with: ip netns exec {prefix}-h0 <program>; remove it with: aggbox cluster down --prefix {prefix}");
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::Cluster { action: ClusterAction::Down { prefix } } => {
+            let removed = cluster::down(&prefix).map_err(|e| e.to_string())?;
+            println!("removed {removed} namespaces of {prefix}");
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::Bench { what } => bench::run(what).map(|()| ExitCode::SUCCESS),
+        Command::Status => {
+            let attachments = loader::list_attachments().map_err(|e| e.to_string())?;
+            if attachments.is_empty() {
+                println!("no AggBox attachments on this host");
+            }
+            for a in attachments {
+                let mode = a.xdp_mode.map_or("none", |m| m.name());
+                println!("{} (xdp {mode} mode)", a.dir.display());
+                for u in &a.users {
+                    println!("  user pid {} port {} group {:#x}{}", u.pid, u.port, u.group, if u.alive { "" } else { " (dead: reclaimed at the next start)" });
+                }
+                for prog in Prog::ALL {
+                    let counters: Vec<String> = STAT_NAMES
+                        .iter()
+                        .zip(a.stats.counters[prog as usize])
+                        .filter(|(_, v)| *v > 0)
+                        .map(|(n, v)| format!("{n}={v}"))
+                        .collect();
+                    println!("  {:<12} {}", prog.name(), if counters.is_empty() { "-".into() } else { counters.join(" ") });
+                }
+            }
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::Rank { barriers } => rank(barriers).map(|()| ExitCode::SUCCESS),
+    }
+}
+
+/// One rank of a benchmark: `barriers` timed barriers after a warm-up one.
+fn rank(barriers: usize) -> Result<(), String> {
+    let mut comm = Comm::from_env().map_err(|e| e.to_string())?;
+    comm.barrier().map_err(|e| e.to_string())?;
+    let mut samples = Vec::with_capacity(barriers);
+    let start = Instant::now();
+    for _ in 0..barriers {
+        let t = Instant::now();
+        comm.barrier().map_err(|e| e.to_string())?;
+        samples.push(t.elapsed().as_nanos() as u64);
+    }
+    let total = start.elapsed();
+    samples.sort_unstable();
+    let p50 = samples.get(samples.len() / 2).copied().unwrap_or(0);
+    let stats = comm.stats().map_err(|e| e.to_string())?;
+    println!(
+        "rank={} datapath={} barriers={barriers} total_us={} p50_us={:.1} retransmits={} xdp_accepted={}",
+        comm.rank(),
+        comm.datapath().name(),
+        total.as_micros(),
+        p50 as f64 / 1000.0,
+        stats.user.retransmits,
+        stats.kernel.get(Prog::XdpIngress, "accepted")
+    );
+    Ok(())
+}
+
+fn main() -> ExitCode {
+    match run(Cli::parse()) {
+        Ok(code) => code,
+        Err(message) => {
+            eprintln!("aggbox: {message}");
+            ExitCode::FAILURE
+        }
+    }
+}

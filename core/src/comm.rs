@@ -24,14 +24,14 @@ use crate::{
 /// Largest datagram a communicator receives.
 const RECV_BUFFER: usize = 64 * 1024;
 /// First retransmission timeout of a control message.
-const RTO_INITIAL: Duration = Duration::from_millis(2);
+const RTO_INITIAL: Duration = Duration::from_millis(1);
 /// Largest retransmission timeout.
 const RTO_MAX: Duration = Duration::from_millis(50);
 /// How long rank 0 keeps answering after every rank said it closed, for a
 /// rank whose acknowledgment was lost.
 const CLOSE_LINGER: Duration = Duration::from_millis(50);
 
-/// Exponential retransmission timer: 2 ms, 4 ms, … up to 50 ms.
+/// Exponential retransmission timer: 1 ms, 2 ms, 4 ms, … up to 50 ms.
 pub(crate) struct Backoff {
     rto: Duration,
     next: Instant,

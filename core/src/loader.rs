@@ -549,6 +549,51 @@ impl Drop for Attachment {
     }
 }
 
+/// A communicator registered on an attachment, as [`list_attachments`] sees it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct UserStatus {
+    /// Its process.
+    pub pid: u32,
+    /// Its UDP port.
+    pub port: u16,
+    /// Its group (0 until rendezvous completes).
+    pub group: u32,
+    /// Whether the process is alive (a dead one is reclaimed at the next join).
+    pub alive: bool,
+}
+
+/// One attachment under the pin root.
+#[derive(Clone, Debug)]
+pub struct AttachmentStatus {
+    /// Its pin directory.
+    pub dir: PathBuf,
+    /// The XDP mode, if its XDP link is pinned.
+    pub xdp_mode: Option<XdpAttachMode>,
+    /// The communicators using it.
+    pub users: Vec<UserStatus>,
+    /// Its counters.
+    pub stats: KernelStats,
+}
+
+/// Every AggBox attachment on this host (in every network namespace).
+pub fn list_attachments() -> Result<Vec<AttachmentStatus>> {
+    let root = pin_root()?;
+    let Ok(entries) = fs::read_dir(&root) else { return Ok(Vec::new()) };
+    let mut found = Vec::new();
+    for entry in entries.flatten() {
+        let dir = entry.path();
+        let Ok(maps) = SharedMaps::open(&dir) else { continue };
+        let users = maps
+            .user_entries()
+            .into_iter()
+            .map(|(key, user)| UserStatus { pid: key.pid, port: key.port, group: user.group, alive: is_alive(&key, &user) })
+            .collect();
+        found.push(AttachmentStatus { xdp_mode: existing_mode(&dir), users, stats: maps.kernel_stats()?, dir });
+    }
+    found.sort_by(|a, b| a.dir.cmp(&b.dir));
+    Ok(found)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
