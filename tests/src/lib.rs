@@ -1,1 +1,188 @@
-//! Test support.
+//! Support for the multi-process tests: start ranks inside the hosts of a
+//! virtual cluster, collect their report lines, build the C examples against
+//! `include/aggbox.h` and `libaggbox.so` only.
+
+use std::{
+    collections::HashMap,
+    io::{BufRead, BufReader},
+    path::{Path, PathBuf},
+    process::{Child, ChildStdout, Command, Stdio},
+    sync::OnceLock,
+    time::{Duration, Instant},
+};
+
+use aggbox_core::cluster::Cluster;
+
+/// The target directory this test binary was built in (`target/debug`).
+pub fn target_dir() -> PathBuf {
+    let exe = std::env::current_exe().expect("current_exe");
+    // target/debug/deps/<test> -> target/debug
+    exe.parent().and_then(Path::parent).expect("target dir").to_path_buf()
+}
+
+/// The workspace root.
+pub fn workspace() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).parent().unwrap().to_path_buf()
+}
+
+/// A binary of the workspace, which must have been built (`cargo build`).
+pub fn workspace_binary(name: &str) -> PathBuf {
+    let path = target_dir().join(name);
+    assert!(path.exists(), "{} is missing: run `cargo build --workspace` first", path.display());
+    path
+}
+
+/// Compiles `examples/c/<name>.c` against `include/aggbox.h` and
+/// `libaggbox.so` (nothing else of AggBox) once per test process.
+pub fn c_example(name: &'static str) -> PathBuf {
+    static BUILT: OnceLock<std::sync::Mutex<HashMap<&'static str, PathBuf>>> = OnceLock::new();
+    let mut built = BUILT.get_or_init(Default::default).lock().unwrap();
+    if let Some(path) = built.get(name) {
+        return path.clone();
+    }
+    let lib_dir = target_dir();
+    assert!(lib_dir.join("libaggbox.so").exists(), "libaggbox.so is missing: run `cargo build --workspace` first");
+    let out = std::env::temp_dir().join(format!("aggbox-{name}-{}", std::process::id()));
+    let status = Command::new("cc")
+        .args(["-std=c11", "-Wall", "-Wextra", "-Werror", "-O2"])
+        .arg(format!("-I{}", workspace().join("include").display()))
+        .arg(workspace().join(format!("examples/c/{name}.c")))
+        .arg(format!("-L{}", lib_dir.display()))
+        .arg(format!("-Wl,-rpath,{}", lib_dir.display()))
+        .arg("-laggbox")
+        .arg("-o")
+        .arg(&out)
+        .status()
+        .expect("run cc");
+    assert!(status.success(), "compiling examples/c/{name}.c failed");
+    built.insert(name, out.clone());
+    out
+}
+
+/// Parses `key=value key=value …` into a map.
+pub fn fields(line: &str) -> HashMap<String, String> {
+    line.split_whitespace()
+        .filter_map(|kv| kv.split_once('='))
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect()
+}
+
+/// A field of a report line as a number.
+pub fn number(fields: &HashMap<String, String>, key: &str) -> u64 {
+    fields.get(key).unwrap_or_else(|| panic!("no {key} in {fields:?}")).parse().unwrap()
+}
+
+/// A rank process; killed when dropped, so a failing test leaves none.
+pub struct RankProcess {
+    /// The child.
+    pub child: Child,
+    stdout: BufReader<ChildStdout>,
+    /// Every line it printed so far.
+    pub lines: Vec<String>,
+}
+
+impl RankProcess {
+    /// Starts `program args` as `rank` of `world` inside host `host`, with
+    /// rank 0's store on host `master`.
+    #[allow(clippy::too_many_arguments)]
+    pub fn spawn(
+        cluster: &Cluster,
+        host: usize,
+        master: usize,
+        master_port: u16,
+        rank: usize,
+        world: usize,
+        datapath: &str,
+        program: &Path,
+        args: &[&str],
+        extra_env: &[(&str, &str)],
+    ) -> RankProcess {
+        let mut command = cluster.command(host, program);
+        command
+            .args(args)
+            .env("RANK", rank.to_string())
+            .env("WORLD_SIZE", world.to_string())
+            .env("MASTER_ADDR", cluster.host(master).ipv4.to_string())
+            .env("MASTER_PORT", master_port.to_string())
+            .env("AGGBOX_DATAPATH", datapath)
+            .env("AGGBOX_TIMEOUT_MS", "20000")
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped());
+        for (k, v) in extra_env {
+            command.env(k, v);
+        }
+        let mut child = command.spawn().expect("spawn a rank");
+        let stdout = BufReader::new(child.stdout.take().unwrap());
+        RankProcess { child, stdout, lines: Vec::new() }
+    }
+
+    /// Reads lines until one equals or starts with `prefix`; returns it.
+    pub fn wait_for(&mut self, prefix: &str) -> String {
+        loop {
+            let mut line = String::new();
+            let n = self.stdout.read_line(&mut line).expect("read a rank's output");
+            assert!(n > 0, "rank exited before printing {prefix:?}; it printed {:?}", self.lines);
+            let line = line.trim_end().to_string();
+            self.lines.push(line.clone());
+            if line.starts_with(prefix) {
+                return line;
+            }
+        }
+    }
+
+    /// Writes a line to its stdin.
+    pub fn say(&mut self, line: &str) {
+        use std::io::Write;
+        writeln!(self.child.stdin.as_mut().unwrap(), "{line}").unwrap();
+    }
+
+    /// Waits for it to exit (at most `timeout`) and returns its exit code
+    /// and every line it printed.
+    pub fn finish(mut self, timeout: Duration) -> (i32, Vec<String>) {
+        let deadline = Instant::now() + timeout;
+        loop {
+            if let Some(status) = self.child.try_wait().unwrap() {
+                let mut rest = String::new();
+                use std::io::Read;
+                self.stdout.read_to_string(&mut rest).ok();
+                self.lines.extend(rest.lines().map(String::from));
+                return (status.code().unwrap_or(-1), std::mem::take(&mut self.lines));
+            }
+            assert!(Instant::now() < deadline, "rank did not exit within {timeout:?}; printed {:?}", self.lines);
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    }
+}
+
+impl Drop for RankProcess {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// The pin directories AggBox has in the host bpffs (for leak checks).
+pub fn aggbox_pins() -> Vec<PathBuf> {
+    std::fs::read_dir(aggbox_core::loader::PIN_ROOT)
+        .map(|d| d.flatten().map(|e| e.path()).collect())
+        .unwrap_or_default()
+}
+
+/// What `bpftool net show` reports attached inside host `host` (empty when
+/// nothing is).
+pub fn attached_programs(cluster: &Cluster, host: usize) -> String {
+    let out = cluster.command(host, "ip").args(["-d", "link", "show", "dev", "eth0"]).output().unwrap();
+    let link = String::from_utf8_lossy(&out.stdout).to_string();
+    let mut found = String::new();
+    if link.contains("prog/xdp") {
+        found.push_str("xdp ");
+    }
+    let tcx = cluster.command(host, "bpftool").args(["net", "show", "dev", "eth0"]).output();
+    if let Ok(tcx) = tcx {
+        let text = String::from_utf8_lossy(&tcx.stdout);
+        if text.contains("aggbox_tc") {
+            found.push_str("tc ");
+        }
+    }
+    found
+}

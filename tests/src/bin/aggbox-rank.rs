@@ -1,11 +1,21 @@
 //! A rank process for the multi-process tests: joins the group from the
 //! environment (RANK, WORLD_SIZE, MASTER_ADDR, …), runs barriers and reports.
 //!
-//! `aggbox-rank BARRIERS [--hold]`: runs BARRIERS barriers, prints one
-//! `key=value` line, then (with `--hold`) prints `holding` and waits for a
-//! line on stdin before the second round of BARRIERS barriers and exit.
+//! `aggbox-rank BARRIERS [--hold] [--check FILE]`
+//! - runs BARRIERS barriers and prints one `key=value` report line;
+//! - `--hold`: then prints `holding`, waits for a line on stdin, runs
+//!   BARRIERS more and reports again;
+//! - `--check FILE`: FILE holds one u64 per rank, shared by every rank (the
+//!   namespaces share the file system). Before barrier i a rank stores i in
+//!   its slot; after it, every slot must be at least i, or the barrier let
+//!   someone out early: the rank prints `violation` and exits 2.
 
-use std::io::BufRead;
+use std::{
+    fs::OpenOptions,
+    io::BufRead,
+    os::fd::AsRawFd,
+    sync::atomic::{AtomicU64, Ordering},
+};
 
 use aggbox_core::{maps::Prog, Comm};
 
@@ -15,7 +25,7 @@ fn report(comm: &Comm, phase: &str) {
     let shared = comm.attachment().map_or(0, |a| a.shared_with());
     let mode = comm.attachment().map_or("none", |a| a.xdp_mode().name());
     println!(
-        "phase={phase} rank={} size={} datapath={} xdp_mode={mode} shared_with={shared} barriers={} sent={} received={} retransmits={} xdp_accepted={} xdp_dropped_foreign={}",
+        "phase={phase} rank={} size={} datapath={} xdp_mode={mode} shared_with={shared} barriers={} sent={} received={} retransmits={} duplicates={} xdp_accepted={} xdp_seen={} reason={}",
         comm.rank(),
         comm.size(),
         comm.datapath().name(),
@@ -23,27 +33,52 @@ fn report(comm: &Comm, phase: &str) {
         stats.user.packets_sent,
         stats.user.packets_received,
         stats.user.retransmits,
+        stats.user.duplicates,
         k.get(Prog::XdpIngress, "accepted"),
-        k.get(Prog::XdpIngress, "drop_bad_token") + k.get(Prog::XdpIngress, "drop_not_member"),
+        k.get(Prog::XdpIngress, "seen"),
+        comm.datapath_reason().unwrap_or("-").replace(' ', "_"),
     );
 }
 
+fn fail(e: aggbox_core::Error) -> ! {
+    println!("error status={:?} message={e}", e.status());
+    std::process::exit(1);
+}
+
+/// The shared slots of `--check`, mapped from FILE.
+fn map_slots(path: &str, ranks: usize) -> &'static [AtomicU64] {
+    let file = OpenOptions::new().read(true).write(true).open(path).expect("open the --check file");
+    let len = ranks * std::mem::size_of::<u64>();
+    assert!(file.metadata().unwrap().len() as usize >= len, "--check file too small");
+    // SAFETY: a shared mapping of a file at least `len` bytes long, kept for
+    // the life of the process; AtomicU64 has the layout of u64.
+    unsafe {
+        let ptr = libc::mmap(std::ptr::null_mut(), len, libc::PROT_READ | libc::PROT_WRITE, libc::MAP_SHARED, file.as_raw_fd(), 0);
+        assert_ne!(ptr, libc::MAP_FAILED, "mmap the --check file");
+        std::slice::from_raw_parts(ptr as *const AtomicU64, ranks)
+    }
+}
+
 fn main() {
-    let mut args = std::env::args().skip(1);
-    let barriers: usize = args.next().and_then(|a| a.parse().ok()).unwrap_or(10);
-    let hold = args.any(|a| a == "--hold");
-    let mut comm = match Comm::from_env() {
-        Ok(comm) => comm,
-        Err(e) => {
-            println!("error status={:?} message={e}", e.status());
-            std::process::exit(1);
-        }
-    };
-    let run = |comm: &mut Comm| {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let barriers: u64 = args.first().and_then(|a| a.parse().ok()).unwrap_or(10);
+    let hold = args.iter().any(|a| a == "--hold");
+    let check = args.iter().position(|a| a == "--check").map(|i| args[i + 1].clone());
+    let mut comm = Comm::from_env().unwrap_or_else(|e| fail(e));
+    let slots = check.map(|path| map_slots(&path, comm.size()));
+    let mut round = 0u64;
+    let mut run = |comm: &mut Comm| {
         for _ in 0..barriers {
-            if let Err(e) = comm.barrier() {
-                println!("error status={:?} message={e}", e.status());
-                std::process::exit(1);
+            round += 1;
+            if let Some(slots) = slots {
+                slots[comm.rank()].store(round, Ordering::SeqCst);
+            }
+            comm.barrier().unwrap_or_else(|e| fail(e));
+            if let Some(slots) = slots {
+                if let Some((r, v)) = slots.iter().map(|s| s.load(Ordering::SeqCst)).enumerate().find(|(_, v)| *v < round) {
+                    println!("violation: left barrier {round} while rank {r} was at {v}");
+                    std::process::exit(2);
+                }
             }
         }
     };

@@ -1,0 +1,410 @@
+//! `aggbox_comm`: the communicator handle, its life cycle and its collectives.
+
+use std::{
+    os::raw::c_int,
+    ptr,
+    sync::{Mutex, MutexGuard, TryLockError},
+};
+
+use aggbox_core::{Comm, Error, Result};
+
+use crate::{
+    boundary::{check_ptr, invalid, lock_exclusive, status_call, try_ref, try_write, value_call},
+    config::aggbox_config,
+    types::{aggbox_datapath, aggbox_status},
+};
+
+/// A communicator: this process's membership in a group of ranks that run
+/// collectives together. Opaque; made by `aggbox_comm_init` or
+/// `aggbox_comm_init_from_env`, freed by `aggbox_comm_destroy`. It may be
+/// used from any thread, but by one thread at a time: a call made while
+/// another thread is inside a call on the same communicator fails with
+/// `AGGBOX_ERR_INVALID_ARGUMENT` (the getters of rank, size and datapath can
+/// be called at any time).
+pub struct aggbox_comm {
+    /// What never changes, readable without the lock.
+    rank: c_int,
+    size: c_int,
+    datapath: aggbox_datapath,
+    /// The communicator; the lock is only ever tried, never waited for.
+    comm: Mutex<Comm>,
+}
+
+// The handle moves between the threads of its C caller (one at a time), so
+// the core communicator must be `Send`; the Mutex makes the handle `Sync`.
+const _: () = {
+    const fn assert_send_sync<T: Send + Sync>() {}
+    assert_send_sync::<aggbox_comm>();
+};
+
+impl aggbox_comm {
+    /// Wraps a communicator that has just joined its group.
+    fn new(comm: Comm) -> Result<aggbox_comm> {
+        let int = |value: usize, what: &str| {
+            c_int::try_from(value)
+                .map_err(|_| Error::Internal(format!("{what} {value} does not fit an int")))
+        };
+        Ok(aggbox_comm {
+            rank: int(comm.rank(), "rank")?,
+            size: int(comm.size(), "world size")?,
+            datapath: comm.datapath().into(),
+            comm: Mutex::new(comm),
+        })
+    }
+
+    /// The communicator, for one call by this thread.
+    pub(crate) fn lock(&self) -> Result<MutexGuard<'_, Comm>> {
+        lock_exclusive(&self.comm)
+    }
+}
+
+/// Joins a new communicator, as `aggbox_comm_init` and
+/// `aggbox_comm_init_from_env` do: `*out` is NULL on failure.
+///
+/// # Safety
+///
+/// `out` is NULL or valid for writing a pointer.
+unsafe fn init(out: *mut *mut aggbox_comm, join: impl FnOnce() -> Result<Comm>) -> Result<()> {
+    // SAFETY: the caller's promise.
+    unsafe { try_write(out, "out", ptr::null_mut()) }?;
+    let handle = Box::new(aggbox_comm::new(join()?)?);
+    // SAFETY: checked just above.
+    unsafe { out.write(Box::into_raw(handle)) };
+    Ok(())
+}
+
+/// Creates a communicator from `*config` and joins its group: rendezvous
+/// with every rank at `master_addr:master_port`, then sets up the datapath.
+/// Blocks until all `world_size` ranks have joined, or fails after
+/// `timeout_ms`. On success `*out` is the new communicator, to be freed with
+/// `aggbox_comm_destroy`; on failure `*out` is NULL. The library keeps no
+/// pointer to `config`.
+///
+/// # Safety
+///
+/// `config` is NULL or points to an `aggbox_config` of at least
+/// `config->size` readable bytes; `out` is NULL or writable.
+#[no_mangle]
+pub unsafe extern "C" fn aggbox_comm_init(
+    config: *const aggbox_config,
+    out: *mut *mut aggbox_comm,
+) -> aggbox_status {
+    status_call("aggbox_comm_init", || {
+        // SAFETY: the caller's promises.
+        unsafe {
+            init(out, || {
+                let config = aggbox_config::read(config)?.to_core()?;
+                Comm::new(config)
+            })
+        }
+    })
+}
+
+/// Like `aggbox_comm_init` with the configuration taken from the environment:
+/// RANK, WORLD_SIZE, MASTER_ADDR (required), MASTER_PORT, AGGBOX_IFACE,
+/// AGGBOX_PORT, AGGBOX_DATAPATH (auto, kernel or user) and AGGBOX_TIMEOUT_MS.
+///
+/// # Safety
+///
+/// `out` is NULL or valid for writing a pointer.
+#[no_mangle]
+pub unsafe extern "C" fn aggbox_comm_init_from_env(out: *mut *mut aggbox_comm) -> aggbox_status {
+    // SAFETY: the caller's promise.
+    status_call("aggbox_comm_init_from_env", || unsafe {
+        init(out, Comm::from_env)
+    })
+}
+
+/// Leaves the group and frees `comm` and everything it holds. NULL is a
+/// no-op. `comm` must not be used after this call. Destroying a
+/// communicator while another thread is inside a call on it is a bug of the
+/// caller; when the library sees it, it leaves `comm` alive (leaked) rather
+/// than free memory in use, and records the last error.
+///
+/// # Safety
+///
+/// `comm` is NULL or a communicator from `aggbox_comm_init*` that was not
+/// destroyed yet.
+#[no_mangle]
+pub unsafe extern "C" fn aggbox_comm_destroy(comm: *mut aggbox_comm) {
+    value_call("aggbox_comm_destroy", (), || {
+        if comm.is_null() {
+            return Ok(());
+        }
+        check_ptr(comm.cast_const(), "comm")?;
+        // SAFETY: a live communicator (the caller's promise).
+        let in_use = matches!(
+            unsafe { &*comm }.comm.try_lock(),
+            Err(TryLockError::WouldBlock)
+        );
+        if in_use {
+            return Err(invalid(
+                "comm is in use by another thread: not destroyed (destroy it once no call is in progress)",
+            ));
+        }
+        // SAFETY: made by `Box::into_raw` in `init` and not freed yet (the
+        // caller's promise); no other thread is using it.
+        drop(unsafe { Box::from_raw(comm) });
+        Ok(())
+    })
+}
+
+/// This process's rank in the communicator's group, or -1 if `comm` is NULL.
+///
+/// # Safety
+///
+/// `comm` is NULL or a live communicator.
+#[no_mangle]
+pub unsafe extern "C" fn aggbox_comm_rank(comm: *const aggbox_comm) -> c_int {
+    // SAFETY: the caller's promise.
+    value_call("aggbox_comm_rank", -1, || {
+        Ok(unsafe { try_ref(comm, "comm") }?.rank)
+    })
+}
+
+/// Number of ranks in the communicator's group, or -1 if `comm` is NULL.
+///
+/// # Safety
+///
+/// `comm` is NULL or a live communicator.
+#[no_mangle]
+pub unsafe extern "C" fn aggbox_comm_size(comm: *const aggbox_comm) -> c_int {
+    // SAFETY: the caller's promise.
+    value_call("aggbox_comm_size", -1, || {
+        Ok(unsafe { try_ref(comm, "comm") }?.size)
+    })
+}
+
+/// The datapath the communicator really uses: `AGGBOX_DATAPATH_KERNEL` or
+/// `AGGBOX_DATAPATH_USER`, never `AGGBOX_DATAPATH_AUTO` (which is what a NULL
+/// `comm` gives).
+///
+/// # Safety
+///
+/// `comm` is NULL or a live communicator.
+#[no_mangle]
+pub unsafe extern "C" fn aggbox_comm_datapath(comm: *const aggbox_comm) -> aggbox_datapath {
+    // SAFETY: the caller's promise.
+    value_call(
+        "aggbox_comm_datapath",
+        aggbox_datapath::AGGBOX_DATAPATH_AUTO,
+        || Ok(unsafe { try_ref(comm, "comm") }?.datapath),
+    )
+}
+
+/// Blocks until every rank of the group has called `aggbox_barrier`. Fails
+/// with `AGGBOX_ERR_PEER_FAILED` naming a rank that did not arrive within the
+/// timeout.
+///
+/// # Safety
+///
+/// `comm` is NULL or a live communicator.
+#[no_mangle]
+pub unsafe extern "C" fn aggbox_barrier(comm: *mut aggbox_comm) -> aggbox_status {
+    status_call("aggbox_barrier", || {
+        // SAFETY: the caller's promise.
+        let comm = unsafe { try_ref(comm.cast_const(), "comm") }?;
+        comm.lock()?.barrier()
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::boundary::copy_last_error;
+
+    fn last_error() -> String {
+        let mut buf = [0u8; 256];
+        let len = copy_last_error(&mut buf);
+        String::from_utf8(buf[..len].to_vec()).unwrap()
+    }
+
+    #[test]
+    fn null_arguments() {
+        unsafe {
+            assert_eq!(aggbox_comm_rank(ptr::null()), -1);
+            assert_eq!(
+                last_error(),
+                "aggbox_comm_rank: invalid argument: comm is NULL"
+            );
+            assert_eq!(aggbox_comm_size(ptr::null()), -1);
+            assert_eq!(
+                last_error(),
+                "aggbox_comm_size: invalid argument: comm is NULL"
+            );
+            assert_eq!(
+                aggbox_comm_datapath(ptr::null()),
+                aggbox_datapath::AGGBOX_DATAPATH_AUTO
+            );
+            assert_eq!(
+                last_error(),
+                "aggbox_comm_datapath: invalid argument: comm is NULL"
+            );
+            assert_eq!(
+                aggbox_barrier(ptr::null_mut()),
+                aggbox_status::AGGBOX_ERR_INVALID_ARGUMENT
+            );
+            assert_eq!(
+                last_error(),
+                "aggbox_barrier: invalid argument: comm is NULL"
+            );
+
+            crate::boundary::set_last_error("");
+            aggbox_comm_destroy(ptr::null_mut());
+            assert_eq!(last_error(), "", "destroy(NULL) is no error");
+
+            let config = aggbox_config::default();
+            let status = aggbox_comm_init(&config, ptr::null_mut());
+            assert_eq!(status, aggbox_status::AGGBOX_ERR_INVALID_ARGUMENT);
+            assert_eq!(
+                last_error(),
+                "aggbox_comm_init: invalid argument: out is NULL"
+            );
+            assert_eq!(
+                aggbox_comm_init_from_env(ptr::null_mut()),
+                aggbox_status::AGGBOX_ERR_INVALID_ARGUMENT
+            );
+            assert_eq!(
+                last_error(),
+                "aggbox_comm_init_from_env: invalid argument: out is NULL"
+            );
+        }
+    }
+
+    #[test]
+    fn init_with_a_bad_config_leaves_out_null() {
+        let mut out = ptr::dangling_mut::<aggbox_comm>();
+        let status = unsafe { aggbox_comm_init(ptr::null(), &mut out) };
+        assert_eq!(status, aggbox_status::AGGBOX_ERR_INVALID_ARGUMENT);
+        assert!(out.is_null());
+        assert_eq!(
+            last_error(),
+            "aggbox_comm_init: invalid argument: config is NULL"
+        );
+
+        let mut out = ptr::dangling_mut::<aggbox_comm>();
+        let config = aggbox_config {
+            rank: 3,
+            world_size: 2,
+            ..Default::default()
+        };
+        let status = unsafe { aggbox_comm_init(&config, &mut out) };
+        assert_eq!(status, aggbox_status::AGGBOX_ERR_INVALID_ARGUMENT);
+        assert!(out.is_null());
+        assert_eq!(
+            last_error(),
+            "aggbox_comm_init: invalid argument: rank 3 is not below the world size 2"
+        );
+
+        let config = aggbox_config {
+            size: 1 << 20,
+            ..Default::default()
+        };
+        let status = unsafe { aggbox_comm_init(&config, &mut out) };
+        assert_eq!(status, aggbox_status::AGGBOX_ERR_INVALID_ARGUMENT);
+        assert!(
+            last_error().starts_with("aggbox_comm_init: invalid argument: config->size is 1048576")
+        );
+    }
+
+    /// A one-rank communicator on the user datapath at 127.0.0.1 (the
+    /// default): no peer, no privilege.
+    fn one_rank() -> *mut aggbox_comm {
+        let config = aggbox_config {
+            datapath: aggbox_datapath::AGGBOX_DATAPATH_USER as crate::types::RawDatapath,
+            ..Default::default()
+        };
+        let mut comm = ptr::null_mut();
+        let status = unsafe { aggbox_comm_init(&config, &mut comm) };
+        assert_eq!(status, aggbox_status::AGGBOX_OK, "{}", last_error());
+        assert!(!comm.is_null());
+        comm
+    }
+
+    #[test]
+    fn one_rank_communicator() {
+        use crate::stats::{aggbox_comm_stats, aggbox_stats};
+
+        let comm = one_rank();
+        unsafe {
+            assert_eq!(aggbox_comm_rank(comm), 0);
+            assert_eq!(aggbox_comm_size(comm), 1);
+            assert_eq!(
+                aggbox_comm_datapath(comm),
+                aggbox_datapath::AGGBOX_DATAPATH_USER
+            );
+            for _ in 0..3 {
+                assert_eq!(
+                    aggbox_barrier(comm),
+                    aggbox_status::AGGBOX_OK,
+                    "{}",
+                    last_error()
+                );
+            }
+            let mut stats = std::mem::MaybeUninit::<aggbox_stats>::zeroed().assume_init();
+            stats.size = std::mem::size_of::<aggbox_stats>();
+            assert_eq!(
+                aggbox_comm_stats(comm, &mut stats),
+                aggbox_status::AGGBOX_OK,
+                "{}",
+                last_error()
+            );
+            assert_eq!(stats.barriers, 3);
+            assert_eq!(stats.datapath, aggbox_datapath::AGGBOX_DATAPATH_USER as i32);
+            assert!(stats.kernel.iter().flatten().all(|c| *c == 0));
+
+            stats.size += 8;
+            assert_eq!(
+                aggbox_comm_stats(comm, &mut stats),
+                aggbox_status::AGGBOX_ERR_INVALID_ARGUMENT
+            );
+            assert!(last_error().contains("stats->size is"), "{}", last_error());
+            assert_eq!(
+                aggbox_comm_stats(comm, ptr::null_mut()),
+                aggbox_status::AGGBOX_ERR_INVALID_ARGUMENT
+            );
+            assert_eq!(
+                last_error(),
+                "aggbox_comm_stats: invalid argument: stats is NULL"
+            );
+            aggbox_comm_destroy(comm);
+        }
+    }
+
+    #[test]
+    fn a_communicator_in_use_refuses_other_threads() {
+        struct Handle(*mut aggbox_comm);
+        // SAFETY: the test hands the pointer to one other thread and joins it.
+        unsafe impl Send for Handle {}
+
+        let comm = one_rank();
+        // Hold the lock as a call in progress on another thread would.
+        let guard = unsafe { &*comm }.lock().unwrap();
+        let handle = Handle(comm);
+        std::thread::spawn(move || {
+            let comm = handle;
+            let status = unsafe { aggbox_barrier(comm.0) };
+            assert_eq!(status, aggbox_status::AGGBOX_ERR_INVALID_ARGUMENT);
+            assert!(last_error()
+                .starts_with("aggbox_barrier: invalid argument: the communicator is in use"));
+            // The getters do not need the lock.
+            assert_eq!(unsafe { aggbox_comm_size(comm.0) }, 1);
+            unsafe { aggbox_comm_destroy(comm.0) };
+            assert!(
+                last_error().starts_with("aggbox_comm_destroy: invalid argument: comm is in use")
+            );
+        })
+        .join()
+        .unwrap();
+        drop(guard);
+        unsafe {
+            assert_eq!(
+                aggbox_barrier(comm),
+                aggbox_status::AGGBOX_OK,
+                "{}",
+                last_error()
+            );
+            aggbox_comm_destroy(comm);
+        }
+    }
+}

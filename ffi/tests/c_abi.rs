@@ -1,0 +1,233 @@
+//! The C API as a C program sees it: the examples in `examples/c` compiled
+//! with nothing but `include/aggbox.h` and `libaggbox.so`, then run.
+
+use std::{
+    env,
+    path::{Path, PathBuf},
+    process::{Command, Output},
+};
+
+fn root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .unwrap()
+        .to_path_buf()
+}
+
+/// The directory holding the `libaggbox.so` to test. `cargo test` builds it
+/// into `target/<profile>/deps`, next to this test's binary, and does not
+/// copy it to `target/<profile>` (only `cargo build` does), so that one comes
+/// first; then `target/<profile>`, `target/debug` and `target/release`.
+fn lib_dir() -> PathBuf {
+    let exe = env::current_exe().expect("path of the test binary");
+    let deps = exe.parent().map(Path::to_path_buf);
+    let profile = deps
+        .as_deref()
+        .and_then(Path::parent)
+        .map(Path::to_path_buf);
+    let target = root().join("target");
+    let candidates: Vec<PathBuf> = deps
+        .into_iter()
+        .chain(profile)
+        .chain([target.join("debug"), target.join("release")])
+        .collect();
+    candidates
+        .iter()
+        .find(|dir| dir.join("libaggbox.so").is_file())
+        .cloned()
+        .unwrap_or_else(|| {
+            panic!(
+                "libaggbox.so is in none of {}: run cargo build -p aggbox-ffi first",
+                candidates
+                    .iter()
+                    .map(|d| d.display().to_string())
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            )
+        })
+}
+
+/// Where the programs of this test go (CARGO_TARGET_TMPDIR is shared by
+/// every test of the workspace).
+fn out_dir() -> PathBuf {
+    let dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join("aggbox-ffi-c_abi");
+    std::fs::create_dir_all(&dir).unwrap();
+    dir
+}
+
+fn show(output: &Output) -> String {
+    format!(
+        "{}\n--- stdout\n{}--- stderr\n{}",
+        output.status,
+        String::from_utf8_lossy(&output.stdout),
+        String::from_utf8_lossy(&output.stderr)
+    )
+}
+
+/// Compiles and links `source` against the header and the shared library
+/// into a program named `name`, with warnings as errors.
+fn build(compiler: &str, std: &str, source: &Path, name: &str) -> PathBuf {
+    let lib = lib_dir();
+    let out = out_dir().join(name);
+    let output = Command::new(compiler)
+        .arg(format!("-std={std}"))
+        .args(["-Wall", "-Wextra", "-Werror", "-pedantic", "-g", "-I"])
+        .arg(root().join("include"))
+        .arg(source)
+        .arg("-o")
+        .arg(&out)
+        .arg("-L")
+        .arg(&lib)
+        .arg("-laggbox")
+        .arg(format!("-Wl,-rpath,{}", lib.display()))
+        .output()
+        .unwrap_or_else(|e| panic!("running {compiler}: {e}"));
+    assert!(
+        output.status.success(),
+        "{compiler} {} failed: {}",
+        source.display(),
+        show(&output)
+    );
+    out
+}
+
+fn cc() -> String {
+    env::var("CC").unwrap_or_else(|_| "cc".into())
+}
+
+fn example(name: &str) -> PathBuf {
+    root().join("examples/c").join(name)
+}
+
+#[test]
+fn abi_check_passes() {
+    let program = build(&cc(), "c11", &example("abi_check.c"), "abi_check");
+    let output = Command::new(&program).output().unwrap();
+    assert!(
+        output.status.success(),
+        "abi_check failed: {}",
+        show(&output)
+    );
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert!(stdout.contains(" passed, 0 failed"), "{}", show(&output));
+}
+
+#[test]
+fn header_works_from_cpp() {
+    let source = out_dir().join("header_cpp.cpp");
+    std::fs::write(
+        &source,
+        "#include \"aggbox.h\"\n\
+         int main() {\n\
+         \x20   aggbox_comm *comm = nullptr;\n\
+         \x20   aggbox_config config;\n\
+         \x20   aggbox_config_init(&config);\n\
+         \x20   bool ok = aggbox_comm_size(comm) == -1 && aggbox_abi_version() == AGGBOX_ABI_VERSION\n\
+         \x20       && aggbox_comm_init(&config, nullptr) == AGGBOX_ERR_INVALID_ARGUMENT;\n\
+         \x20   return ok ? 0 : 1;\n\
+         }\n",
+    )
+    .unwrap();
+    let compiler = env::var("CXX").unwrap_or_else(|_| "c++".into());
+    let program = build(&compiler, "c++17", &source, "header_cpp");
+    let output = Command::new(&program).output().unwrap();
+    assert!(
+        output.status.success(),
+        "the C++ program failed: {}",
+        show(&output)
+    );
+}
+
+#[test]
+fn barrier_example_compiles() {
+    build(&cc(), "c11", &example("barrier.c"), "barrier");
+}
+
+/// One rank on the user datapath: rendezvous with itself, no privilege.
+#[test]
+fn barrier_example_runs_alone() {
+    let program = build(&cc(), "c11", &example("barrier.c"), "barrier_run");
+    let output = Command::new(&program)
+        .arg("10")
+        .env("RANK", "0")
+        .env("WORLD_SIZE", "1")
+        .env("MASTER_ADDR", "127.0.0.1")
+        .env("AGGBOX_DATAPATH", "user")
+        .env_remove("AGGBOX_IFACE")
+        .env_remove("AGGBOX_PORT")
+        .env_remove("MASTER_PORT")
+        .output()
+        .unwrap();
+    assert!(output.status.success(), "barrier failed: {}", show(&output));
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    let line = stdout.lines().next().unwrap_or_default();
+    assert!(
+        line.starts_with("rank=0 size=1 datapath=user barriers=10 total_us="),
+        "{}",
+        show(&output)
+    );
+    assert!(line.contains(" per_barrier_us="), "{}", show(&output));
+}
+
+#[test]
+fn barrier_example_reports_errors() {
+    let program = build(&cc(), "c11", &example("barrier.c"), "barrier_err");
+    let output = Command::new(&program)
+        .arg("3")
+        .env_remove("RANK")
+        .output()
+        .unwrap();
+    assert_eq!(output.status.code(), Some(1), "{}", show(&output));
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(
+        stderr.contains("barrier: error (invalid argument): aggbox_comm_init_from_env: ")
+            && stderr.contains("RANK is not set"),
+        "{}",
+        show(&output)
+    );
+}
+
+/// The C compiler lays the structs out as Rust does: every field's offset
+/// and every struct's size.
+#[test]
+fn struct_layouts_match_rust() {
+    use std::mem::{offset_of, size_of};
+
+    use aggbox::{aggbox_config, aggbox_stats};
+
+    macro_rules! layout {
+        ($ty:ident: $($field:ident),*) => {
+            [(format!("sizeof({})", stringify!($ty)), size_of::<$ty>())]
+                .into_iter()
+                .chain([$((
+                    format!("offsetof({}, {})", stringify!($ty), stringify!($field)),
+                    offset_of!($ty, $field),
+                )),*])
+        };
+    }
+    let expected: Vec<(String, usize)> = layout!(aggbox_config:
+        size, rank, world_size, master_addr, master_port, iface, port, datapath, timeout_ms)
+    .chain(layout!(aggbox_stats:
+        size, datapath, packets_sent, packets_received, retransmits, duplicates,
+        dropped_malformed, dropped_foreign, barriers, kernel))
+    .collect();
+
+    let mut source = String::from(
+        "#include <stddef.h>\n#include <stdio.h>\n#include \"aggbox.h\"\nint main(void) {\n",
+    );
+    for (expr, _) in &expected {
+        source += &format!("    printf(\"%zu\\n\", (size_t){expr});\n");
+    }
+    source += "    return 0;\n}\n";
+    let path = out_dir().join("layout.c");
+    std::fs::write(&path, source).unwrap();
+    let program = build(&cc(), "c11", &path, "layout");
+    let output = Command::new(&program).output().unwrap();
+    assert!(output.status.success(), "{}", show(&output));
+    let c: Vec<usize> = String::from_utf8_lossy(&output.stdout)
+        .lines()
+        .map(|l| l.parse().unwrap())
+        .collect();
+    let c: Vec<(String, usize)> = expected.iter().map(|(e, _)| e.clone()).zip(c).collect();
+    assert_eq!(c, expected);
+}
