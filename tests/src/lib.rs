@@ -168,8 +168,8 @@ pub fn aggbox_pins() -> Vec<PathBuf> {
         .unwrap_or_default()
 }
 
-/// What `bpftool net show` reports attached inside host `host` (empty when
-/// nothing is).
+/// What is attached to eth0 inside host `host`: "xdp " when an XDP program
+/// is, then "tc " when AggBox TCX programs are (empty when nothing is).
 pub fn attached_programs(cluster: &Cluster, host: usize) -> String {
     let out = cluster.command(host, "ip").args(["-d", "link", "show", "dev", "eth0"]).output().unwrap();
     let link = String::from_utf8_lossy(&out.stdout).to_string();
@@ -177,12 +177,18 @@ pub fn attached_programs(cluster: &Cluster, host: usize) -> String {
     if link.contains("prog/xdp") {
         found.push_str("xdp ");
     }
-    let tcx = cluster.command(host, "bpftool").args(["net", "show", "dev", "eth0"]).output();
-    if let Ok(tcx) = tcx {
-        let text = String::from_utf8_lossy(&tcx.stdout);
-        if text.contains("aggbox_tc") {
-            found.push_str("tc ");
-        }
+    let tc_names = cluster
+        .run_in(host, || {
+            use aya::programs::{tc::TcAttachType, SchedClassifier};
+            [TcAttachType::Ingress, TcAttachType::Egress]
+                .into_iter()
+                .flat_map(|t| SchedClassifier::query_tcx("eth0", t).map(|(_, progs)| progs).unwrap_or_default())
+                .filter_map(|info| info.name_as_str().map(String::from))
+                .collect::<Vec<_>>()
+        })
+        .unwrap();
+    if tc_names.iter().any(|n| n.starts_with("aggbox_tc")) {
+        found.push_str("tc ");
     }
     found
 }
