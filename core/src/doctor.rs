@@ -13,6 +13,7 @@ use aya::programs::{tc::TcAttachType, SchedClassifier, Xdp, XdpMode};
 
 use crate::{
     bpf,
+    error::chain,
     loader::{self, XdpAttachMode},
     netif::{self, Interface},
     Datapath, Result,
@@ -72,13 +73,13 @@ fn check(name: &'static str, ok: bool, detail: String, fix: &str, needed_by_kern
 /// Attaches the XDP ingress program to `iface` (driver, then SKB mode) and
 /// detaches it at once; says which mode worked.
 fn probe_xdp(iface: &Interface) -> std::result::Result<XdpAttachMode, String> {
-    let mut obj = aya::Ebpf::load(bpf::XDP_PASS).map_err(|e| format!("loading an XDP program: {e}"))?;
+    let mut obj = aya::Ebpf::load(bpf::XDP_PASS).map_err(|e| format!("loading an XDP program: {}", chain(&e)))?;
     let xdp: &mut Xdp = obj
         .program_mut(bpf::programs::XDP_PASS)
         .ok_or("XDP program missing")?
         .try_into()
         .map_err(|e| format!("{e}"))?;
-    xdp.load().map_err(|e| format!("loading an XDP program: {e}"))?;
+    xdp.load().map_err(|e| format!("loading an XDP program: {}", chain(&e)))?;
     let driver = xdp.attach_to_if_index(iface.index, XdpMode::Driver);
     let mode = match driver {
         Ok(id) => {
@@ -90,7 +91,7 @@ fn probe_xdp(iface: &Interface) -> std::result::Result<XdpAttachMode, String> {
                 let _ = xdp.detach(id);
                 XdpAttachMode::Skb
             }
-            Err(skb_err) => return Err(format!("driver mode: {driver_err}; SKB mode: {skb_err}")),
+            Err(skb_err) => return Err(format!("driver mode: {}; SKB mode: {}", chain(&driver_err), chain(&skb_err))),
         },
     };
     Ok(mode)
@@ -98,14 +99,14 @@ fn probe_xdp(iface: &Interface) -> std::result::Result<XdpAttachMode, String> {
 
 /// Attaches the TC egress program to `iface` and detaches it at once.
 fn probe_tc(iface: &Interface) -> std::result::Result<(), String> {
-    let mut obj = aya::Ebpf::load(bpf::FAULT).map_err(|e| format!("loading a TC program: {e}"))?;
+    let mut obj = aya::Ebpf::load(bpf::FAULT).map_err(|e| format!("loading a TC program: {}", chain(&e)))?;
     let tc: &mut SchedClassifier = obj
         .program_mut(bpf::programs::FAULT)
         .ok_or("TC program missing")?
         .try_into()
         .map_err(|e| format!("{e}"))?;
-    tc.load().map_err(|e| format!("loading a TC program: {e}"))?;
-    let id = tc.attach(&iface.name, TcAttachType::Egress).map_err(|e| format!("attaching at TC egress: {e}"))?;
+    tc.load().map_err(|e| format!("loading a TC program: {}", chain(&e)))?;
+    let id = tc.attach(&iface.name, TcAttachType::Egress).map_err(|e| format!("attaching at TC egress: {}", chain(&e)))?;
     tc.detach(id).map_err(|e| format!("detaching: {e}"))
 }
 
@@ -150,20 +151,13 @@ pub fn diagnose(iface: Option<&str>, toward: Option<Ipv4Addr>) -> Result<Report>
         true,
     ));
 
-    let program = aya::Ebpf::load(bpf::XDP_INGRESS).map_err(|e| e.to_string()).and_then(|mut obj| {
-        let xdp: &mut Xdp = obj
-            .program_mut(bpf::programs::XDP_INGRESS)
-            .ok_or("missing program")?
-            .try_into()
-            .map_err(|e: aya::programs::ProgramError| e.to_string())?;
-        xdp.load().map_err(|e| e.to_string())
-    });
+    let program = crate::testrun::Harness::new().map(drop).map_err(|e| e.to_string());
     checks.push(check(
         "bpf syscall",
         program.is_ok(),
         match &program {
-            Ok(()) => "the AggBox XDP program loads and verifies".into(),
-            Err(e) => format!("loading the AggBox XDP program failed: {e}"),
+            Ok(()) => "the AggBox programs load and pass the verifier".into(),
+            Err(e) => format!("loading the AggBox programs failed: {e}"),
         },
         "needs CAP_BPF (see capabilities) and a kernel with CONFIG_BPF_SYSCALL; check kernel.unprivileged_bpf_disabled",
         true,

@@ -79,5 +79,21 @@ pub enum Status {
     Internal = 6,
 }
 
+/// Formats `error` with every error in its `source()` chain, so that the
+/// OS error at the bottom (say "Operation not permitted") is not lost.
+pub fn chain(error: &dyn std::error::Error) -> String {
+    let mut text = error.to_string();
+    let mut source = error.source();
+    while let Some(inner) = source {
+        let part = inner.to_string();
+        if !text.contains(&part) {
+            text.push_str(": ");
+            text.push_str(&part);
+        }
+        source = inner.source();
+    }
+    text
+}
+
 /// The result type of AggBox.
 pub type Result<T, E = Error> = std::result::Result<T, E>;

@@ -48,6 +48,7 @@ use crate::{
     netif::Interface,
     rendezvous::GroupInfo,
     stats::KernelStats,
+    error::chain,
     Error, Result,
 };
 
@@ -231,13 +232,13 @@ pub(crate) struct SharedMaps {
 fn open_pinned(dir: &Path, name: &str) -> Result<Map> {
     let path = dir.join(name);
     let data = MapData::from_pin(&path)
-        .map_err(|e| Error::system(format!("opening pinned map {}", path.display()), io::Error::other(e)))?;
+        .map_err(|e| Error::system(format!("opening pinned map {}", path.display()), io::Error::other(chain(&e))))?;
     Map::from_map_data(data).map_err(|e| Error::Internal(format!("pinned map {name}: {e}")))
 }
 
 fn map_error(what: impl Into<String>) -> impl FnOnce(aya::maps::MapError) -> Error {
     let what = what.into();
-    move |e| Error::system(what, io::Error::other(e))
+    move |e| Error::system(what, io::Error::other(chain(&e)))
 }
 
 impl SharedMaps {
@@ -336,7 +337,7 @@ pub(crate) fn load_object(bytes: &[u8], dir: &Path) -> Result<aya::Ebpf> {
     EbpfLoader::new()
         .default_map_pin_directory(dir)
         .load(bytes)
-        .map_err(|e| Error::Unsupported(format!("loading the AggBox BPF programs failed ({e}); run `aggbox doctor`")))
+        .map_err(|e| Error::Unsupported(format!("loading the AggBox BPF programs failed ({}); run `aggbox doctor`", chain(&e))))
 }
 
 fn pin_link(link: FdLink, dir: &Path, name: &str) -> Result<()> {
@@ -346,7 +347,7 @@ fn pin_link(link: FdLink, dir: &Path, name: &str) -> Result<()> {
 }
 
 fn program_error(what: String) -> impl FnOnce(aya::programs::ProgramError) -> Error {
-    move |e| Error::Unsupported(format!("{what}: {e}"))
+    move |e| Error::Unsupported(format!("{what}: {}", chain(&e)))
 }
 
 /// Loads the programs, attaches them to `iface` and pins links and maps in
