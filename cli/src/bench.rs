@@ -75,7 +75,9 @@ fn iperf(cluster: &Cluster, seconds: u32) -> Result<f64, String> {
             .args(["-c", &server_addr, "-t", &seconds.to_string(), "-J"])
             .output()
             .map_err(|e| format!("running iperf3: {e}"))?;
-        if out.status.success() {
+        // Until the server listens, the client fails (sometimes with exit
+        // status 0 and an "error" in its JSON).
+        if out.status.success() && String::from_utf8_lossy(&out.stdout).contains("\"sum_received\"") {
             output = Some(out);
             break;
         }
@@ -86,7 +88,7 @@ fn iperf(cluster: &Cluster, seconds: u32) -> Result<f64, String> {
     let out = output.ok_or("iperf3 client never connected")?;
     let json = String::from_utf8_lossy(&out.stdout);
     // "sum_received": { ... "bits_per_second": N ... }
-    let tail = json.split("\"sum_received\"").nth(1).ok_or("no sum_received in iperf3 output")?;
+    let tail = json.split("\"sum_received\"").nth(1).ok_or_else(|| format!("no sum_received in iperf3 output: {json}"))?;
     let value = tail.split("\"bits_per_second\":").nth(1).ok_or("no bits_per_second")?;
     let number: String = value.trim_start().chars().take_while(|c| c.is_ascii_digit() || *c == '.' || *c == 'e' || *c == '+').collect();
     number.parse().map_err(|_| format!("bad bits_per_second {number:?}"))

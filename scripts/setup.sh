@@ -1,0 +1,23 @@
+#!/usr/bin/env bash
+# Installs what AggBox needs on a fresh Debian machine of this kind and
+# mounts the BPF file system. Safe to run again: it installs only what is
+# missing. Needs root.
+set -euo pipefail
+
+packages=(clang-19 llvm-19 libbpf-dev iproute2 ethtool iperf3 libcap2-bin bpftool gcc g++ make)
+missing=()
+for p in "${packages[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if ((${#missing[@]})); then
+  echo "setup: installing ${missing[*]}"
+  apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}" >/dev/null
+fi
+
+# The BPF file system, where AggBox pins its programs and maps.
+if ! mount | grep -q ' /sys/fs/bpf type bpf'; then
+  mount -t bpf bpf /sys/fs/bpf
+fi
+
+command -v cargo >/dev/null || { echo "setup: cargo (Rust) is required: https://rustup.rs" >&2; exit 1; }
