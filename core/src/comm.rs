@@ -4,7 +4,7 @@
 //! [`rendezvous`], and, on the kernel datapath, its share of the
 //! [`Attachment`] of the BPF programs on its interface. Every collective is a
 //! method (`barrier.rs` holds the barrier); they share the validated receive
-//! of [`Comm::recv_valid`] and the retransmission timer of [`Backoff`].
+//! of `Comm::recv_valid` and the retransmission timer of `Backoff`.
 
 use std::{
     net::SocketAddrV4,

@@ -307,7 +307,7 @@ mod tests {
             ipv4: Ipv4Addr::LOCALHOST,
             mac: [2, 0, 0, 0, 0, rank as u8],
             port,
-            datapath: if rank % 2 == 0 { Datapath::User } else { Datapath::Kernel },
+            datapath: if rank.is_multiple_of(2) { Datapath::User } else { Datapath::Kernel },
         }
     }
 

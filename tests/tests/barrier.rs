@@ -81,7 +81,7 @@ fn kernel_user_and_mixed_datapaths() {
     let cluster = Cluster::temporary(HOSTS).unwrap();
     let kernel = |_| "kernel";
     let user = |_| "user";
-    let mixed = |i: usize| if i % 2 == 0 { "kernel" } else { "user" };
+    let mixed = |i: usize| if i.is_multiple_of(2) { "kernel" } else { "user" };
     assert_reports(&run(&cluster, 300, kernel), 300, kernel);
     assert_reports(&run(&cluster, 300, user), 300, user);
     assert_reports(&run(&cluster, 300, mixed), 300, mixed);
