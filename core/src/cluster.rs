@@ -253,7 +253,15 @@ fn ip(args: &[&str]) -> Result<()> {
     ))
 }
 
+/// Deletes a namespace, and first whatever AggBox attachments its
+/// processes left pinned (a killed rank cannot unpin them itself).
 fn delete_netns(name: &str) -> Result<()> {
+    if let Ok(meta) = fs::metadata(Path::new(NETNS_DIR).join(name)) {
+        use std::os::unix::fs::MetadataExt;
+        if let Err(e) = crate::loader::remove_netns_pins(meta.ino()) {
+            tracing::warn!(netns = %name, error = %e, "could not remove the AggBox pins of a namespace");
+        }
+    }
     ip(&["netns", "delete", name])
 }
 

@@ -550,6 +550,24 @@ impl Drop for Attachment {
     }
 }
 
+/// Removes the attachments of the network namespace whose inode is
+/// `netns_inode` (for a namespace about to be deleted: whatever its
+/// processes left pinned would outlive it). Returns how many it removed.
+pub fn remove_netns_pins(netns_inode: u64) -> Result<usize> {
+    let root = pin_root()?;
+    let Ok(entries) = fs::read_dir(&root) else { return Ok(0) };
+    let _lock = PinLock::take()?;
+    let prefix = format!("{netns_inode}-");
+    let mut removed = 0;
+    for entry in entries.flatten() {
+        if entry.file_name().to_string_lossy().starts_with(&prefix) {
+            tear_down(&entry.path());
+            removed += 1;
+        }
+    }
+    Ok(removed)
+}
+
 /// A communicator registered on an attachment, as [`list_attachments`] sees it.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct UserStatus {

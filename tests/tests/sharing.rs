@@ -215,3 +215,19 @@ fn a_sigkilled_process_leaves_nothing_that_breaks_the_next_start() {
         assert_eq!(attached_programs(&cluster, host), "");
     }
 }
+
+#[test]
+fn a_cluster_removed_after_its_ranks_were_killed_leaves_no_pins() {
+    let cluster = Cluster::temporary(2).unwrap();
+    let dirs = [pin_dir_of(&cluster, 0), pin_dir_of(&cluster, 1)];
+    let group = holding_group(&cluster, 29_500, "5");
+    for mut rank in group {
+        rank.child.kill().unwrap();
+        rank.child.wait().unwrap();
+    }
+    assert!(dirs.iter().all(|d| d.exists()), "killed ranks cannot unpin");
+    drop(cluster);
+    for dir in &dirs {
+        assert!(!dir.exists(), "{} removed with its namespace", dir.display());
+    }
+}
