@@ -24,10 +24,10 @@
  * Threads. A communicator may be used from any thread, but by one thread at
  * a time (as in MPI and NCCL): a call made while another thread is inside a
  * call on the same communicator fails with AGGBOX_ERR_INVALID_ARGUMENT
- * rather than corrupting it. aggbox_comm_rank, aggbox_comm_size and
- * aggbox_comm_datapath may be called at any time. Distinct communicators are
- * independent. The functions that take no communicator may be called from
- * any thread at any time.
+ * rather than corrupting it. aggbox_comm_rank, aggbox_comm_size,
+ * aggbox_comm_datapath and aggbox_comm_datapath_reason may be called at any
+ * time. Distinct communicators are independent. The functions that take no
+ * communicator may be called from any thread at any time.
  *
  * Versions. AGGBOX_ABI_VERSION is the ABI this header describes;
  * aggbox_abi_version() is the one the library implements.
@@ -260,8 +260,8 @@ typedef enum aggbox_stat {
  * `aggbox_comm_init_from_env`, freed by `aggbox_comm_destroy`. It may be
  * used from any thread, but by one thread at a time: a call made while
  * another thread is inside a call on the same communicator fails with
- * `AGGBOX_ERR_INVALID_ARGUMENT` (the getters of rank, size and datapath can
- * be called at any time).
+ * `AGGBOX_ERR_INVALID_ARGUMENT` (the getters of rank, size, datapath and
+ * datapath reason can be called at any time).
  */
 typedef struct aggbox_comm aggbox_comm;
 
@@ -451,6 +451,26 @@ int aggbox_comm_size(const struct aggbox_comm *comm);
  * `comm` is NULL or a live communicator.
  */
 enum aggbox_datapath aggbox_comm_datapath(const struct aggbox_comm *comm);
+
+/**
+ * Why `AGGBOX_DATAPATH_AUTO` fell back to the user datapath, such as "auto
+ * chose the user datapath on lo: lo is a loopback interface; ...": copies
+ * it into `buf` as a NUL-terminated string, truncated to `len` bytes with
+ * the NUL, and returns the length of the whole text without the NUL, as
+ * `snprintf` does (a return value of `len` or more means it was truncated;
+ * with `buf` NULL or `len` 0 it writes nothing and only returns the
+ * length). When the communicator did not fall back (it was asked for
+ * `AGGBOX_DATAPATH_USER` or `_KERNEL`, or auto got the kernel datapath) it
+ * writes an empty string and returns 0. A NULL `comm` also gives an empty
+ * string and 0, and records the last error. The reason is fixed when the
+ * communicator is made, so this may be called at any time, from any thread.
+ *
+ * # Safety
+ *
+ * `comm` is NULL or a live communicator; `buf` is NULL or valid for writing
+ * `len` bytes.
+ */
+size_t aggbox_comm_datapath_reason(const struct aggbox_comm *comm, char *buf, size_t len);
 
 /**
  * Blocks until every rank of the group has called `aggbox_barrier`. Fails

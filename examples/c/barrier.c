@@ -7,14 +7,20 @@
  * and optionally MASTER_PORT, AGGBOX_IFACE, AGGBOX_PORT, AGGBOX_DATAPATH
  * (auto, kernel or user) and AGGBOX_TIMEOUT_MS.
  *
- * Prints one line on stdout, for scripts:
+ * Prints one line on stdout, for scripts (wrapped here):
  *   rank=R size=S datapath=kernel|user barriers=N total_us=T per_barrier_us=X
- * On any error it prints the status and the library's message on stderr and
- * exits with 1. Build it with the Makefile beside it.
+ *     retransmits=N xdp_accepted=N
+ * The two counters are read after the timed barriers: the datagrams this
+ * rank sent again, and the AggBox packets the XDP program accepted on the
+ * interface (0 on the user datapath). When AGGBOX_DATAPATH=auto fell back
+ * to the user datapath, it says why on stderr. On any error it prints the
+ * status and the library's message on stderr and exits with 1. Build it with
+ * the Makefile beside it.
  */
 #define _POSIX_C_SOURCE 199309L /* clock_gettime */
 
 #include <errno.h>
+#include <inttypes.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <time.h>
@@ -63,6 +69,12 @@ int main(int argc, char **argv) {
     const char *datapath = aggbox_comm_datapath(comm) == AGGBOX_DATAPATH_KERNEL ? "kernel" : "user";
     fprintf(stderr, "barrier: libaggbox %s, rank %d of %d, %s datapath\n", aggbox_version(), rank, size,
             datapath);
+    char reason[512];
+    size_t reason_len = aggbox_comm_datapath_reason(comm, reason, sizeof reason);
+    if (reason_len > 0) {
+        fprintf(stderr, "aggbox: datapath auto fell back: %s%s\n", reason,
+                reason_len >= sizeof reason ? "..." : "");
+    }
 
     /* One barrier first so that every rank starts timing together. */
     status = aggbox_barrier(comm);
@@ -82,8 +94,18 @@ int main(int argc, char **argv) {
     }
     double total_us = now_us() - start;
 
-    printf("rank=%d size=%d datapath=%s barriers=%ld total_us=%.0f per_barrier_us=%.2f\n", rank, size,
-           datapath, n, total_us, total_us / (double)n);
+    aggbox_stats stats = {.size = sizeof stats};
+    status = aggbox_comm_stats(comm, &stats);
+    if (status != AGGBOX_OK) {
+        report(status);
+        aggbox_comm_destroy(comm);
+        return 1;
+    }
+
+    printf("rank=%d size=%d datapath=%s barriers=%ld total_us=%.0f per_barrier_us=%.2f"
+           " retransmits=%" PRIu64 " xdp_accepted=%" PRIu64 "\n",
+           rank, size, datapath, n, total_us, total_us / (double)n, stats.retransmits,
+           stats.kernel[AGGBOX_PROG_XDP_INGRESS][AGGBOX_STAT_ACCEPTED]);
     aggbox_comm_destroy(comm);
     return 0;
 }

@@ -33,29 +33,40 @@ thread_local! {
     static LAST_ERROR: RefCell<String> = const { RefCell::new(String::new()) };
 }
 
-/// Records `message` as this thread's last error. A NUL inside it would cut
-/// the message short in C, so it is written as `\0`.
-pub(crate) fn set_last_error(message: impl Into<String>) {
-    let mut message = message.into();
-    if message.contains('\0') {
-        message = message.replace('\0', "\\0");
+/// `text` made fit for a C string: a NUL inside it would cut it short in C,
+/// so it is written as `\0`.
+pub(crate) fn c_text(text: impl Into<String>) -> String {
+    let text = text.into();
+    if text.contains('\0') {
+        text.replace('\0', "\\0")
+    } else {
+        text
     }
+}
+
+/// Copies `text` into `buf` as a NUL-terminated string, truncated to fit
+/// (nothing is written into an empty `buf`), and returns the length of the
+/// whole text without its NUL, as `snprintf` does. `text` holds no NUL (see
+/// [`c_text`]).
+pub(crate) fn copy_c_string(text: &str, buf: &mut [u8]) -> usize {
+    let bytes = text.as_bytes();
+    if let Some(room) = buf.len().checked_sub(1) {
+        let n = bytes.len().min(room);
+        buf[..n].copy_from_slice(&bytes[..n]);
+        buf[n] = 0;
+    }
+    bytes.len()
+}
+
+/// Records `message` as this thread's last error (through [`c_text`]).
+pub(crate) fn set_last_error(message: impl Into<String>) {
+    let message = c_text(message);
     LAST_ERROR.with_borrow_mut(|last| *last = message);
 }
 
-/// Copies this thread's last error into `buf` as a NUL-terminated string,
-/// truncated to fit (nothing is written into an empty `buf`), and returns the
-/// length of the whole message without its NUL, as `snprintf` does.
+/// Copies this thread's last error into `buf` as [`copy_c_string`] does.
 pub(crate) fn copy_last_error(buf: &mut [u8]) -> usize {
-    LAST_ERROR.with_borrow(|last| {
-        let bytes = last.as_bytes();
-        if let Some(room) = buf.len().checked_sub(1) {
-            let n = bytes.len().min(room);
-            buf[..n].copy_from_slice(&bytes[..n]);
-            buf[n] = 0;
-        }
-        bytes.len()
-    })
+    LAST_ERROR.with_borrow(|last| copy_c_string(last, buf))
 }
 
 /// The text of a panic payload (`panic!` gives a `&str` or a `String`).
@@ -306,6 +317,21 @@ mod tests {
 
         set_last_error("a\0b");
         assert_eq!(last_error(), "a\\0b");
+    }
+
+    #[test]
+    fn c_strings_copy_truncate_like_snprintf() {
+        assert_eq!(c_text("no NUL"), "no NUL");
+        assert_eq!(c_text("x\0y\0"), "x\\0y\\0");
+
+        let mut buf = [0xffu8; 4];
+        assert_eq!(copy_c_string("", &mut buf), 0);
+        assert_eq!(buf, [0, 0xff, 0xff, 0xff], "an empty string is one NUL");
+        assert_eq!(copy_c_string("abcdef", &mut buf), 6);
+        assert_eq!(&buf, b"abc\0");
+        assert_eq!(copy_c_string("abc", &mut buf), 3);
+        assert_eq!(&buf, b"abc\0", "exactly fits with its NUL");
+        assert_eq!(copy_c_string("abcdef", &mut []), 6);
     }
 
     #[test]

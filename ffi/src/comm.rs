@@ -1,7 +1,7 @@
 //! `aggbox_comm`: the communicator handle, its life cycle and its collectives.
 
 use std::{
-    os::raw::c_int,
+    os::raw::{c_char, c_int},
     ptr,
     sync::{Mutex, MutexGuard, TryLockError},
 };
@@ -9,7 +9,10 @@ use std::{
 use aggbox_core::{Comm, Error, Result};
 
 use crate::{
-    boundary::{check_ptr, invalid, lock_exclusive, status_call, try_ref, try_write, value_call},
+    boundary::{
+        c_text, check_ptr, copy_c_string, invalid, lock_exclusive, status_call, try_out_buf,
+        try_ref, try_write, value_call,
+    },
     config::aggbox_config,
     types::{aggbox_datapath, aggbox_status},
 };
@@ -19,13 +22,16 @@ use crate::{
 /// `aggbox_comm_init_from_env`, freed by `aggbox_comm_destroy`. It may be
 /// used from any thread, but by one thread at a time: a call made while
 /// another thread is inside a call on the same communicator fails with
-/// `AGGBOX_ERR_INVALID_ARGUMENT` (the getters of rank, size and datapath can
-/// be called at any time).
+/// `AGGBOX_ERR_INVALID_ARGUMENT` (the getters of rank, size, datapath and
+/// datapath reason can be called at any time).
 pub struct aggbox_comm {
     /// What never changes, readable without the lock.
     rank: c_int,
     size: c_int,
     datapath: aggbox_datapath,
+    /// Why `AGGBOX_DATAPATH_AUTO` fell back to the user datapath, made fit
+    /// for C (see [`c_text`]); empty when it did not.
+    datapath_reason: Box<str>,
     /// The communicator; the lock is only ever tried, never waited for.
     comm: Mutex<Comm>,
 }
@@ -48,6 +54,7 @@ impl aggbox_comm {
             rank: int(comm.rank(), "rank")?,
             size: int(comm.size(), "world size")?,
             datapath: comm.datapath().into(),
+            datapath_reason: c_text(comm.datapath_reason().unwrap_or_default()).into(),
             comm: Mutex::new(comm),
         })
     }
@@ -192,6 +199,40 @@ pub unsafe extern "C" fn aggbox_comm_datapath(comm: *const aggbox_comm) -> aggbo
     )
 }
 
+/// Why `AGGBOX_DATAPATH_AUTO` fell back to the user datapath, such as "auto
+/// chose the user datapath on lo: lo is a loopback interface; ...": copies
+/// it into `buf` as a NUL-terminated string, truncated to `len` bytes with
+/// the NUL, and returns the length of the whole text without the NUL, as
+/// `snprintf` does (a return value of `len` or more means it was truncated;
+/// with `buf` NULL or `len` 0 it writes nothing and only returns the
+/// length). When the communicator did not fall back (it was asked for
+/// `AGGBOX_DATAPATH_USER` or `_KERNEL`, or auto got the kernel datapath) it
+/// writes an empty string and returns 0. A NULL `comm` also gives an empty
+/// string and 0, and records the last error. The reason is fixed when the
+/// communicator is made, so this may be called at any time, from any thread.
+///
+/// # Safety
+///
+/// `comm` is NULL or a live communicator; `buf` is NULL or valid for writing
+/// `len` bytes.
+#[no_mangle]
+pub unsafe extern "C" fn aggbox_comm_datapath_reason(
+    comm: *const aggbox_comm,
+    buf: *mut c_char,
+    len: usize,
+) -> usize {
+    value_call("aggbox_comm_datapath_reason", 0, || {
+        // SAFETY: the caller's promise.
+        let buf = unsafe { try_out_buf(buf.cast::<u8>(), len, "buf") }?.unwrap_or_default();
+        // An empty string until the reason is known, so that `buf` holds a
+        // C string whatever happens next.
+        copy_c_string("", buf);
+        // SAFETY: the caller's promise.
+        let comm = unsafe { try_ref(comm, "comm") }?;
+        Ok(copy_c_string(&comm.datapath_reason, buf))
+    })
+}
+
 /// Blocks until every rank of the group has called `aggbox_barrier`. Fails
 /// with `AGGBOX_ERR_PEER_FAILED` naming a rank that did not arrive within the
 /// timeout.
@@ -247,6 +288,21 @@ mod tests {
             assert_eq!(
                 last_error(),
                 "aggbox_barrier: invalid argument: comm is NULL"
+            );
+
+            let mut buf = [b'x' as c_char; 8];
+            assert_eq!(
+                aggbox_comm_datapath_reason(ptr::null(), buf.as_mut_ptr(), buf.len()),
+                0
+            );
+            assert_eq!(buf[0], 0, "an empty string even for a NULL comm");
+            assert_eq!(
+                last_error(),
+                "aggbox_comm_datapath_reason: invalid argument: comm is NULL"
+            );
+            assert_eq!(
+                aggbox_comm_datapath_reason(ptr::null(), ptr::null_mut(), 0),
+                0
             );
 
             crate::boundary::set_last_error("");
@@ -310,8 +366,13 @@ mod tests {
     /// A one-rank communicator on the user datapath at 127.0.0.1 (the
     /// default): no peer, no privilege.
     fn one_rank() -> *mut aggbox_comm {
+        one_rank_on(aggbox_datapath::AGGBOX_DATAPATH_USER)
+    }
+
+    /// A one-rank communicator at 127.0.0.1 asking for `datapath`.
+    fn one_rank_on(datapath: aggbox_datapath) -> *mut aggbox_comm {
         let config = aggbox_config {
-            datapath: aggbox_datapath::AGGBOX_DATAPATH_USER as crate::types::RawDatapath,
+            datapath: datapath as crate::types::RawDatapath,
             ..Default::default()
         };
         let mut comm = ptr::null_mut();
@@ -333,6 +394,15 @@ mod tests {
                 aggbox_comm_datapath(comm),
                 aggbox_datapath::AGGBOX_DATAPATH_USER
             );
+            // Asked for the user datapath: no fallback, no reason.
+            let mut buf = [b'x' as c_char; 16];
+            assert_eq!(
+                aggbox_comm_datapath_reason(comm, buf.as_mut_ptr(), buf.len()),
+                0
+            );
+            assert_eq!(buf[0], 0);
+            assert_eq!(buf[1], b'x' as c_char, "nothing written past the NUL");
+            assert_eq!(aggbox_comm_datapath_reason(comm, ptr::null_mut(), 0), 0);
             for _ in 0..3 {
                 assert_eq!(
                     aggbox_barrier(comm),
@@ -371,6 +441,70 @@ mod tests {
         }
     }
 
+    /// The text of `aggbox_comm_datapath_reason(comm)`, read as C would:
+    /// the length first, then a buffer that fits.
+    fn datapath_reason(comm: *const aggbox_comm) -> String {
+        let len = unsafe { aggbox_comm_datapath_reason(comm, ptr::null_mut(), 0) };
+        let mut buf = vec![b'x' as c_char; len + 1];
+        let again = unsafe { aggbox_comm_datapath_reason(comm, buf.as_mut_ptr(), buf.len()) };
+        assert_eq!(again, len);
+        let text = unsafe { std::ffi::CStr::from_ptr(buf.as_ptr()) };
+        assert_eq!(text.to_bytes().len(), len);
+        text.to_str().unwrap().to_owned()
+    }
+
+    /// Auto on loopback (127.0.0.1, the default) cannot have the kernel
+    /// datapath, which attaches to a host's network interface only: it falls
+    /// back to the user datapath and says why.
+    #[test]
+    fn auto_on_loopback_falls_back_and_says_why() {
+        let comm = one_rank_on(aggbox_datapath::AGGBOX_DATAPATH_AUTO);
+        unsafe {
+            assert_eq!(
+                aggbox_comm_datapath(comm),
+                aggbox_datapath::AGGBOX_DATAPATH_USER
+            );
+            let reason = datapath_reason(comm);
+            assert!(
+                reason.starts_with("auto chose the user datapath on ")
+                    && reason.contains("loopback"),
+                "{reason}"
+            );
+
+            // Truncated like snprintf: the full length comes back.
+            let mut small = [b'x' as c_char; 6];
+            assert_eq!(
+                aggbox_comm_datapath_reason(comm, small.as_mut_ptr(), small.len()),
+                reason.len()
+            );
+            assert_eq!(
+                std::ffi::CStr::from_ptr(small.as_ptr()).to_bytes(),
+                &reason.as_bytes()[..5]
+            );
+            let mut one = [b'x' as c_char; 1];
+            assert_eq!(
+                aggbox_comm_datapath_reason(comm, one.as_mut_ptr(), 1),
+                reason.len()
+            );
+            assert_eq!(one[0], 0);
+            let mut untouched = [b'x' as c_char; 4];
+            assert_eq!(
+                aggbox_comm_datapath_reason(comm, untouched.as_mut_ptr(), 0),
+                reason.len()
+            );
+            assert_eq!(untouched, [b'x' as c_char; 4], "len 0 writes nothing");
+
+            // A working communicator, on the user datapath.
+            assert_eq!(
+                aggbox_barrier(comm),
+                aggbox_status::AGGBOX_OK,
+                "{}",
+                last_error()
+            );
+            aggbox_comm_destroy(comm);
+        }
+    }
+
     #[test]
     fn a_communicator_in_use_refuses_other_threads() {
         struct Handle(*mut aggbox_comm);
@@ -389,6 +523,7 @@ mod tests {
                 .starts_with("aggbox_barrier: invalid argument: the communicator is in use"));
             // The getters do not need the lock.
             assert_eq!(unsafe { aggbox_comm_size(comm.0) }, 1);
+            assert_eq!(datapath_reason(comm.0), "");
             unsafe { aggbox_comm_destroy(comm.0) };
             assert!(
                 last_error().starts_with("aggbox_comm_destroy: invalid argument: comm is in use")

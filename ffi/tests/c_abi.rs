@@ -1,98 +1,26 @@
 //! The C API as a C program sees it: the examples in `examples/c` compiled
 //! with nothing but `include/aggbox.h` and `libaggbox.so`, then run.
 
+mod common;
+
 use std::{
-    env,
     path::{Path, PathBuf},
-    process::{Command, Output},
+    process::Command,
 };
 
-fn root() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .parent()
-        .unwrap()
-        .to_path_buf()
-}
+use common::{cc, cxx, root, show};
 
-/// The directory holding the `libaggbox.so` to test. `cargo test` builds it
-/// into `target/<profile>/deps`, next to this test's binary, and does not
-/// copy it to `target/<profile>` (only `cargo build` does), so that one comes
-/// first; then `target/<profile>`, `target/debug` and `target/release`.
-fn lib_dir() -> PathBuf {
-    let exe = env::current_exe().expect("path of the test binary");
-    let deps = exe.parent().map(Path::to_path_buf);
-    let profile = deps
-        .as_deref()
-        .and_then(Path::parent)
-        .map(Path::to_path_buf);
-    let target = root().join("target");
-    let candidates: Vec<PathBuf> = deps
-        .into_iter()
-        .chain(profile)
-        .chain([target.join("debug"), target.join("release")])
-        .collect();
-    candidates
-        .iter()
-        .find(|dir| dir.join("libaggbox.so").is_file())
-        .cloned()
-        .unwrap_or_else(|| {
-            panic!(
-                "libaggbox.so is in none of {}: run cargo build -p aggbox-ffi first",
-                candidates
-                    .iter()
-                    .map(|d| d.display().to_string())
-                    .collect::<Vec<_>>()
-                    .join(", ")
-            )
-        })
-}
-
-/// Where the programs of this test go (CARGO_TARGET_TMPDIR is shared by
-/// every test of the workspace).
+/// Where the programs of this test go.
 fn out_dir() -> PathBuf {
-    let dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join("aggbox-ffi-c_abi");
-    std::fs::create_dir_all(&dir).unwrap();
-    dir
-}
-
-fn show(output: &Output) -> String {
-    format!(
-        "{}\n--- stdout\n{}--- stderr\n{}",
-        output.status,
-        String::from_utf8_lossy(&output.stdout),
-        String::from_utf8_lossy(&output.stderr)
-    )
+    common::out_dir("c_abi")
 }
 
 /// Compiles and links `source` against the header and the shared library
 /// into a program named `name`, with warnings as errors.
 fn build(compiler: &str, std: &str, source: &Path, name: &str) -> PathBuf {
-    let lib = lib_dir();
     let out = out_dir().join(name);
-    let output = Command::new(compiler)
-        .arg(format!("-std={std}"))
-        .args(["-Wall", "-Wextra", "-Werror", "-pedantic", "-g", "-I"])
-        .arg(root().join("include"))
-        .arg(source)
-        .arg("-o")
-        .arg(&out)
-        .arg("-L")
-        .arg(&lib)
-        .arg("-laggbox")
-        .arg(format!("-Wl,-rpath,{}", lib.display()))
-        .output()
-        .unwrap_or_else(|e| panic!("running {compiler}: {e}"));
-    assert!(
-        output.status.success(),
-        "{compiler} {} failed: {}",
-        source.display(),
-        show(&output)
-    );
+    common::compile(compiler, std, &["include"], source, &out);
     out
-}
-
-fn cc() -> String {
-    env::var("CC").unwrap_or_else(|_| "cc".into())
 }
 
 fn example(name: &str) -> PathBuf {
@@ -128,8 +56,7 @@ fn header_works_from_cpp() {
          }\n",
     )
     .unwrap();
-    let compiler = env::var("CXX").unwrap_or_else(|_| "c++".into());
-    let program = build(&compiler, "c++17", &source, "header_cpp");
+    let program = build(&cxx(), "c++17", &source, "header_cpp");
     let output = Command::new(&program).output().unwrap();
     assert!(
         output.status.success(),
@@ -167,6 +94,68 @@ fn barrier_example_runs_alone() {
         show(&output)
     );
     assert!(line.contains(" per_barrier_us="), "{}", show(&output));
+    // The counters come last, after the fields scripts already parse.
+    let fields: Vec<&str> = line.split_whitespace().collect();
+    assert_eq!(fields.len(), 8, "{}", show(&output));
+    assert!(
+        fields[5].starts_with("per_barrier_us="),
+        "{}",
+        show(&output)
+    );
+    assert!(
+        fields[6]
+            .strip_prefix("retransmits=")
+            .is_some_and(|n| n.parse::<u64>().is_ok()),
+        "{}",
+        show(&output)
+    );
+    assert_eq!(
+        fields[7],
+        "xdp_accepted=0",
+        "the user datapath: {}",
+        show(&output)
+    );
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(
+        !stderr.contains("fell back"),
+        "asked for user: {}",
+        show(&output)
+    );
+}
+
+/// Auto on 127.0.0.1 cannot have the kernel datapath (it does not attach to
+/// loopback): the example says why it fell back to the user one.
+#[test]
+fn barrier_example_says_why_auto_fell_back() {
+    let program = build(&cc(), "c11", &example("barrier.c"), "barrier_auto");
+    let output = Command::new(&program)
+        .arg("2")
+        .env("RANK", "0")
+        .env("WORLD_SIZE", "1")
+        .env("MASTER_ADDR", "127.0.0.1")
+        .env("AGGBOX_DATAPATH", "auto")
+        .env_remove("AGGBOX_IFACE")
+        .env_remove("AGGBOX_PORT")
+        .env_remove("MASTER_PORT")
+        .output()
+        .unwrap();
+    assert!(output.status.success(), "barrier failed: {}", show(&output));
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert!(
+        stdout.starts_with("rank=0 size=1 datapath=user barriers=2 total_us="),
+        "{}",
+        show(&output)
+    );
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    let reason = stderr
+        .lines()
+        .find_map(|l| l.strip_prefix("aggbox: datapath auto fell back: "))
+        .unwrap_or_else(|| panic!("no reason on stderr: {}", show(&output)));
+    assert!(
+        reason.starts_with("auto chose the user datapath on ") && reason.contains("loopback"),
+        "{}",
+        show(&output)
+    );
 }
 
 #[test]
