@@ -117,10 +117,11 @@ impl Comm {
         };
 
         let me = PeerInfo { rank: config.rank, ipv4: iface.ipv4, mac: iface.mac, port, datapath };
-        let group = rendezvous::rendezvous(&config, me)?;
-        if let Some(attachment) = attachment.as_mut() {
-            attachment.register_group(&group)?;
-        }
+        // The group is registered in the kernel maps before anyone sends.
+        let group = rendezvous::rendezvous_with(&config, me, |group| match attachment.as_mut() {
+            Some(attachment) => attachment.register_group(group),
+            None => Ok(()),
+        })?;
         let n = config.world_size;
         tracing::info!(
             rank = config.rank,

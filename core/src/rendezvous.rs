@@ -21,6 +21,8 @@ use crate::{
 const HELLO: &str = "AGGBOX-HELLO";
 const TABLE: &str = "AGGBOX-TABLE";
 const REFUSED: &str = "AGGBOX-REFUSED";
+const READY: &str = "AGGBOX-READY";
+const GO: &str = "AGGBOX-GO";
 const STORE_VERSION: u32 = 1;
 /// Pause between connection attempts while rank 0 is not listening yet.
 const RETRY_PAUSE: Duration = Duration::from_millis(20);
@@ -94,14 +96,27 @@ fn store_error(store: SocketAddrV4, what: impl std::fmt::Display) -> Error {
     Error::system(format!("rendezvous with rank 0's store at {store}"), io::Error::other(what.to_string()))
 }
 
-/// Runs rendezvous for `me` as described by `config`.
+/// Runs rendezvous for `me` as described by `config`, with nothing to set
+/// up between the table and the start (see [`rendezvous_with`]).
 pub fn rendezvous(config: &Config, me: PeerInfo) -> Result<GroupInfo> {
+    rendezvous_with(config, me, |_| Ok(()))
+}
+
+/// Runs rendezvous for `me`; once the table is known, runs `setup` on it
+/// (registering the group in the kernel maps), and returns only when every
+/// rank's `setup` has succeeded: no rank sends a datagram before every
+/// receiver is ready for it.
+pub fn rendezvous_with(
+    config: &Config,
+    me: PeerInfo,
+    setup: impl FnOnce(&GroupInfo) -> Result<()>,
+) -> Result<GroupInfo> {
     let store = SocketAddrV4::new(config.master_addr, config.master_port);
     let deadline = Instant::now() + config.timeout;
     if config.rank == 0 {
-        host(config, store, me, deadline)
+        host(config, store, me, deadline, setup)
     } else {
-        join(config, store, me, deadline)
+        join(config, store, me, deadline, setup)
     }
 }
 
@@ -110,11 +125,17 @@ fn remaining(deadline: Instant) -> Option<Duration> {
 }
 
 /// Rank 0: listen, collect every rank, draw the group id and token, answer.
-fn host(config: &Config, store: SocketAddrV4, me: PeerInfo, deadline: Instant) -> Result<GroupInfo> {
+fn host(
+    config: &Config,
+    store: SocketAddrV4,
+    me: PeerInfo,
+    deadline: Instant,
+    setup: impl FnOnce(&GroupInfo) -> Result<()>,
+) -> Result<GroupInfo> {
     let n = config.world_size;
     let mut peers: Vec<Option<PeerInfo>> = vec![None; n];
     peers[0] = Some(me);
-    let mut streams: Vec<TcpStream> = Vec::with_capacity(n.saturating_sub(1));
+    let mut streams: Vec<(usize, TcpStream)> = Vec::with_capacity(n.saturating_sub(1));
     if n > 1 {
         let listener = TcpListener::bind(store)
             .map_err(|e| Error::system(format!("rank 0 hosting the rendezvous store on {store}"), e))?;
@@ -158,7 +179,7 @@ fn host(config: &Config, store: SocketAddrV4, me: PeerInfo, deadline: Instant) -
             }
             let rank = peer.rank;
             peers[rank] = Some(peer);
-            streams.push(stream);
+            streams.push((rank, stream));
         }
     }
     let group = loop {
@@ -177,10 +198,30 @@ fn host(config: &Config, store: SocketAddrV4, me: PeerInfo, deadline: Instant) -
         table.push_str(&peer.to_line());
         table.push('\n');
     }
-    for mut stream in streams {
+    setup(&info)?;
+    for (_, stream) in &mut streams {
         stream
             .write_all(table.as_bytes())
             .map_err(|e| Error::system("sending the rendezvous table", e))?;
+    }
+    // Every rank sets up, then says READY; then everyone may start.
+    for (rank, stream) in &mut streams {
+        let left = remaining(deadline).unwrap_or(Duration::from_millis(1));
+        stream.set_read_timeout(Some(left)).ok();
+        let mut line = String::new();
+        let got = BufReader::new(&*stream).read_line(&mut line);
+        if !matches!(got, Ok(n) if n > 0) || line.trim() != READY {
+            return Err(Error::PeerFailed {
+                rank: *rank,
+                what: format!(
+                    "rendezvous at {store}: rank {rank} did not get ready (its datapath set-up failed, or it is gone): {}",
+                    if line.trim().is_empty() { "no answer".to_string() } else { line.trim().to_string() }
+                ),
+            });
+        }
+    }
+    for (_, stream) in &mut streams {
+        stream.write_all(format!("{GO}\n").as_bytes()).map_err(|e| Error::system("sending go", e))?;
     }
     Ok(info)
 }
@@ -221,7 +262,13 @@ fn read_hello(stream: TcpStream, n: usize, left: Duration) -> Result<Option<(Pee
 
 /// Any other rank: connect (retrying while rank 0 is not up), say hello,
 /// read the table.
-fn join(config: &Config, store: SocketAddrV4, me: PeerInfo, deadline: Instant) -> Result<GroupInfo> {
+fn join(
+    config: &Config,
+    store: SocketAddrV4,
+    me: PeerInfo,
+    deadline: Instant,
+    setup: impl FnOnce(&GroupInfo) -> Result<()>,
+) -> Result<GroupInfo> {
     let n = config.world_size;
     let mut last_error: Option<io::Error> = None;
     let stream = loop {
@@ -246,7 +293,7 @@ fn join(config: &Config, store: SocketAddrV4, me: PeerInfo, deadline: Instant) -
     let timeout_error = || Error::PeerFailed {
         rank: 0,
         what: format!(
-            "rendezvous: rank 0's store at {store} did not send the table within {} ms (have all {n} ranks started?)",
+            "rendezvous: rank 0's store at {store} did not send the table and the go within {} ms (have all {n} ranks started?)",
             config.timeout.as_millis()
         ),
     };
@@ -292,7 +339,13 @@ fn join(config: &Config, store: SocketAddrV4, me: PeerInfo, deadline: Instant) -
             _ => return Err(store_error(store, format!("bad table line {:?}", line.trim()))),
         }
     }
-    Ok(GroupInfo { group, token, peers })
+    let info = GroupInfo { group, token, peers };
+    setup(&info)?;
+    writeln!(writer, "{READY}").map_err(|e| store_error(store, e))?;
+    match read_line(&mut reader)?.trim() {
+        GO => Ok(info),
+        other => Err(store_error(store, format!("expected {GO}, got {other:?}"))),
+    }
 }
 
 #[cfg(test)]
@@ -354,6 +407,18 @@ mod tests {
         let err = rendezvous(&config(1, 2, 29_613, 200), me(1, 1)).unwrap_err();
         assert!(matches!(err, Error::PeerFailed { rank: 0, .. }), "{err}");
         assert!(err.to_string().contains("did not answer within 200 ms"), "{err}");
+    }
+
+    #[test]
+    fn a_rank_whose_setup_fails_is_named_and_nobody_starts() {
+        let port = 29_615;
+        let failing = thread::spawn(move || {
+            rendezvous_with(&config(1, 2, port, 3_000), me(1, 1), |_| Err(Error::Unsupported("no XDP here".into())))
+        });
+        let err = rendezvous_with(&config(0, 2, port, 3_000), me(0, 1), |_| Ok(())).unwrap_err();
+        assert!(matches!(err, Error::PeerFailed { rank: 1, .. }), "{err}");
+        assert!(err.to_string().contains("rank 1 did not get ready"), "{err}");
+        assert!(failing.join().unwrap().unwrap_err().to_string().contains("no XDP here"));
     }
 
     #[test]
