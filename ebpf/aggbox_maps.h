@@ -19,7 +19,16 @@
 #define AGGBOX_MAX_GROUPS 1024
 #define AGGBOX_MAX_MEMBERS (AGGBOX_MAX_GROUPS * 64)
 
-/* ab_ports: UDP port of a local communicator -> the group it serves. */
+/* ab_ports: local (IPv4 address, UDP port) of a communicator -> the group it
+ * serves. Keyed by address too, so a datagram that merely crosses this
+ * interface to another host's port of the same number (forwarded or NATed
+ * traffic) is not taken for ours. */
+struct aggbox_port_key {
+	__u32 ipv4; /* network byte order, as in the IP header */
+	__u16 port; /* host byte order */
+	__u16 reserved;
+};
+
 struct aggbox_port {
 	__u32 group;
 };
@@ -55,6 +64,8 @@ struct aggbox_user_key {
 struct aggbox_user {
 	__u64 start_time; /* /proc/<pid>/stat field 22, to tell reused pids apart */
 	__u32 group;
+	__u32 ipv4; /* the communicator's address (network byte order) */
+	__u32 pidns; /* inode of its PID namespace: pids mean nothing elsewhere */
 	__u32 reserved;
 };
 
@@ -84,7 +95,7 @@ enum aggbox_stat {
 struct {
 	__uint(type, BPF_MAP_TYPE_HASH);
 	__uint(max_entries, AGGBOX_MAX_PORTS);
-	__type(key, __u16);
+	__type(key, struct aggbox_port_key);
 	__type(value, struct aggbox_port);
 	__uint(pinning, LIBBPF_PIN_BY_NAME);
 } ab_ports SEC(".maps");

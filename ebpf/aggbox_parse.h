@@ -17,9 +17,7 @@
 /* The IP "fragment offset" and "more fragments" bits. */
 #define AGGBOX_IP_FRAG_MASK 0x3fff
 
-/* Ethernet + IPv4 without options + UDP + AggBox header. */
-#define AGGBOX_FRAME_HDRS_LEN \
-	(sizeof(struct ethhdr) + sizeof(struct iphdr) + sizeof(struct udphdr) + AGGBOX_HDR_LEN)
+
 
 enum aggbox_verdict {
 	AGGBOX_OTHER = 0, /* not AggBox's: let it through untouched */
@@ -65,7 +63,7 @@ aggbox_classify(void *data, void *data_end, enum aggbox_dir dir, enum aggbox_pro
 	struct aggbox_group *group;
 	struct aggbox_member *member;
 	struct aggbox_member_key member_key;
-	__u16 local_port;
+	struct aggbox_port_key local;
 
 	aggbox_count(prog, AGGBOX_STAT_SEEN);
 
@@ -80,8 +78,10 @@ aggbox_classify(void *data, void *data_end, enum aggbox_dir dir, enum aggbox_pro
 	if ((void *)(udp + 1) > data_end)
 		goto other;
 
-	local_port = bpf_ntohs(dir == AGGBOX_DIR_IN ? udp->dest : udp->source);
-	port = bpf_map_lookup_elem(&ab_ports, &local_port);
+	local.ipv4 = dir == AGGBOX_DIR_IN ? ip->daddr : ip->saddr;
+	local.port = bpf_ntohs(dir == AGGBOX_DIR_IN ? udp->dest : udp->source);
+	local.reserved = 0;
+	port = bpf_map_lookup_elem(&ab_ports, &local);
 	if (!port)
 		goto other;
 
@@ -122,6 +122,39 @@ aggbox_classify(void *data, void *data_end, enum aggbox_dir dir, enum aggbox_pro
 other:
 	aggbox_count(prog, AGGBOX_STAT_PASSED_OTHER);
 	return AGGBOX_OTHER;
+}
+
+/*
+ * TC only: makes the headers up to the AggBox header readable in the linear
+ * area when a UDP datagram long enough to carry them keeps them outside it
+ * (a locally made or GRO'd skb may). Anything else is left alone: pulling a
+ * TCP skb, which is a clone, would copy its head for nothing.
+ */
+static __always_inline void aggbox_skb_pull_headers(struct __sk_buff *skb)
+{
+	void *data = (void *)(long)skb->data;
+	void *data_end = (void *)(long)skb->data_end;
+	struct ethhdr *eth = data;
+	struct iphdr *ip = (void *)(eth + 1);
+	__u32 need;
+
+	if ((void *)(ip + 1) > data_end) {
+		need = sizeof(*eth) + sizeof(*ip);
+		if (skb->len < need)
+			return;
+		bpf_skb_pull_data(skb, need); /* then look again */
+		data = (void *)(long)skb->data;
+		data_end = (void *)(long)skb->data_end;
+		eth = data;
+		ip = (void *)(eth + 1);
+		if ((void *)(ip + 1) > data_end)
+			return;
+	}
+	if (eth->h_proto != bpf_htons(ETH_P_IP) || ip->protocol != IPPROTO_UDP)
+		return;
+	need = sizeof(*eth) + ip->ihl * 4 + sizeof(struct udphdr) + AGGBOX_HDR_LEN;
+	if (data + need > data_end && skb->len >= need)
+		bpf_skb_pull_data(skb, need);
 }
 
 #endif /* AGGBOX_PARSE_H */

@@ -26,8 +26,9 @@ enum aggbox_kind {
 	AGGBOX_KIND_BARRIER_ARRIVE = 1, /* rank -> rank 0: "I reached barrier `seq`" */
 	AGGBOX_KIND_BARRIER_RELEASE = 2, /* rank 0 -> rank: "barrier `seq` is complete" */
 	AGGBOX_KIND_CLOSE = 3, /* rank -> rank 0: "I am done with every operation" */
-	AGGBOX_KIND_CLOSE_ACK = 4, /* rank 0 -> rank: "every rank is done; leave" */
-	AGGBOX_KIND_MAX = 5, /* first unused value */
+	AGGBOX_KIND_CLOSE_ACK = 4, /* rank 0 -> rank: "got your CLOSE; leave" */
+	AGGBOX_KIND_BARRIER_ABORT = 5, /* rank 0 -> rank: "barrier `seq` failed: rank `count` is gone" */
+	AGGBOX_KIND_MAX = 6, /* first unused value */
 };
 
 /* Header flags. */

@@ -15,17 +15,9 @@ int aggbox_tc_egress(struct __sk_buff *skb)
 	void *data;
 	void *data_end;
 
-	/* A locally generated skb may keep the headers outside its linear area;
-	 * pull them in only then (TCP skbs are clones, and pulling one would
-	 * copy its head for nothing). */
+	aggbox_skb_pull_headers(skb);
 	data = (void *)(long)skb->data;
 	data_end = (void *)(long)skb->data_end;
-	if (data + AGGBOX_FRAME_HDRS_LEN > data_end && skb->len >= AGGBOX_FRAME_HDRS_LEN) {
-		bpf_skb_pull_data(skb, AGGBOX_FRAME_HDRS_LEN);
-		data = (void *)(long)skb->data;
-		data_end = (void *)(long)skb->data_end;
-	}
-
 	if (aggbox_classify(data, data_end, AGGBOX_DIR_OUT, AGGBOX_PROG_TC_EGRESS, &pkt) ==
 	    AGGBOX_INVALID)
 		return TC_ACT_SHOT;

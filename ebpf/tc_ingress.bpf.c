@@ -11,8 +11,12 @@ SEC("classifier")
 int aggbox_tc_ingress(struct __sk_buff *skb)
 {
 	struct aggbox_pkt pkt;
-	void *data = (void *)(long)skb->data;
-	void *data_end = (void *)(long)skb->data_end;
+	void *data;
+	void *data_end;
+
+	aggbox_skb_pull_headers(skb);
+	data = (void *)(long)skb->data;
+	data_end = (void *)(long)skb->data_end;
 
 	if (aggbox_classify(data, data_end, AGGBOX_DIR_IN, AGGBOX_PROG_TC_INGRESS, &pkt) ==
 	    AGGBOX_INVALID)

@@ -12,6 +12,12 @@
 //!
 //! A rank can be at most one barrier ahead of rank 0's view, so sequence
 //! numbers never need a window. Rank 0 keeps no per-rank timers at all.
+//!
+//! When rank 0 gives up on a barrier (a rank did not arrive in time, or
+//! closed its communicator instead), it sends `BARRIER_ABORT(seq, rank)` to
+//! every rank that arrived and answers later arrivals for that barrier the
+//! same way, so every survivor fails at once, naming the same rank. Only a
+//! barrier rank 0 completed is ever released.
 
 use std::time::Instant;
 
@@ -29,13 +35,28 @@ impl Comm {
         } else {
             self.barrier_member(seq)
         };
-        if let Err(Error::PeerFailed { rank, .. }) = &result {
-            self.failed[*rank] = true;
-        }
-        if result.is_ok() {
-            self.user_stats.barriers += 1;
+        match &result {
+            Ok(()) => self.user_stats.barriers += 1,
+            Err(Error::PeerFailed { rank, .. }) => self.failed[*rank] = true,
+            Err(_) => {}
         }
         result
+    }
+
+    /// Rank 0 gives up on barrier `seq`, blaming `blamed` (and marking every
+    /// rank in `late` failed): the ranks that arrived hear it at once, and
+    /// any that asks again later is told the same.
+    fn abort_barrier(&mut self, seq: u32, blamed: usize, late: &[usize], what: String) -> Error {
+        for &rank in late {
+            self.failed[rank] = true;
+        }
+        self.barrier_aborted = Some((seq, blamed));
+        for rank in 1..self.size() {
+            if self.heard[rank] {
+                let _ = self.send_abort(seq, blamed, rank);
+            }
+        }
+        Error::PeerFailed { rank: blamed, what }
     }
 
     fn barrier_root(&mut self, seq: u32) -> Result<()> {
@@ -46,22 +67,18 @@ impl Comm {
         let deadline = self.deadline();
         while missing > 0 {
             if let Some(gone) = (1..n).find(|&r| !self.heard[r] && self.closed[r]) {
-                return Err(Error::PeerFailed {
-                    rank: gone,
-                    what: format!("barrier #{seq}: rank {gone} closed its communicator without entering the barrier"),
-                });
+                let what = format!("barrier #{seq}: rank {gone} closed its communicator without entering the barrier");
+                return Err(self.abort_barrier(seq, gone, &[gone], what));
             }
             let Some(got) = self.recv_valid(deadline)? else {
-                let late: Vec<String> = (0..n).filter(|&r| !self.heard[r]).map(|r| r.to_string()).collect();
-                let first = (0..n).find(|&r| !self.heard[r]).unwrap_or(0);
-                return Err(Error::PeerFailed {
-                    rank: first,
-                    what: format!(
-                        "barrier #{seq}: rank(s) {} did not arrive within {} ms",
-                        late.join(", "),
-                        self.timeout().as_millis()
-                    ),
-                });
+                let late: Vec<usize> = (0..n).filter(|&r| !self.heard[r]).collect();
+                let names: Vec<String> = late.iter().map(|r| r.to_string()).collect();
+                let what = format!(
+                    "barrier #{seq}: rank(s) {} did not arrive within {} ms",
+                    names.join(", "),
+                    self.timeout().as_millis()
+                );
+                return Err(self.abort_barrier(seq, late[0], &late, what));
             };
             let sender = got.header.sender as usize;
             match got.kind {
@@ -81,6 +98,7 @@ impl Comm {
         for rank in 1..n {
             self.send_control(Kind::BarrierRelease, seq, rank, false)?;
         }
+        self.barrier_done = seq;
         Ok(())
     }
 
@@ -96,6 +114,13 @@ impl Comm {
             match self.recv_valid(wait)? {
                 Some(got) if got.kind == Kind::BarrierRelease && got.header.seq == seq => return Ok(()),
                 Some(got) if got.kind == Kind::BarrierRelease => self.user_stats.duplicates += 1,
+                Some(got) if got.kind == Kind::BarrierAbort && got.header.seq == seq => {
+                    let blamed = (got.header.count as usize).min(self.size() - 1);
+                    return Err(Error::PeerFailed {
+                        rank: blamed,
+                        what: format!("barrier #{seq}: rank 0 gave up on it because rank {blamed} failed"),
+                    });
+                }
                 Some(_) => {}
                 None if Instant::now() >= deadline => {
                     return Err(Error::PeerFailed {

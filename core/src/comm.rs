@@ -17,7 +17,7 @@ use crate::{
     rendezvous::{self, GroupInfo, PeerInfo},
     stats::{KernelStats, UserStats},
     transport::Transport,
-    wire::{Header, Kind, HDR_LEN},
+    wire::{seq_at_or_before, Header, Kind, HDR_LEN},
     Config, Datapath, Error, Result, Stats,
 };
 
@@ -30,16 +30,27 @@ const RTO_MAX: Duration = Duration::from_millis(50);
 /// How long rank 0 keeps answering after every rank said it closed, for a
 /// rank whose acknowledgment was lost.
 const CLOSE_LINGER: Duration = Duration::from_millis(50);
+/// Largest gap between repeats of CLOSE: well inside [`CLOSE_LINGER`], so a
+/// rank whose acknowledgment was lost asks again while rank 0 still listens.
+const CLOSE_RTO_MAX: Duration = Duration::from_millis(10);
+/// How long a rank tries to close with a rank 0 that an operation already
+/// found unresponsive.
+const CLOSE_SUSPECT_WAIT: Duration = Duration::from_millis(500);
 
 /// Exponential retransmission timer: 1 ms, 2 ms, 4 ms, … up to 50 ms.
 pub(crate) struct Backoff {
     rto: Duration,
+    max: Duration,
     next: Instant,
 }
 
 impl Backoff {
     pub(crate) fn new() -> Backoff {
-        Backoff { rto: RTO_INITIAL, next: Instant::now() + RTO_INITIAL }
+        Backoff::with_max(RTO_MAX)
+    }
+
+    pub(crate) fn with_max(max: Duration) -> Backoff {
+        Backoff { rto: RTO_INITIAL, max, next: Instant::now() + RTO_INITIAL }
     }
 
     /// When the next retransmission is due.
@@ -53,7 +64,7 @@ impl Backoff {
         if now < self.next {
             return false;
         }
-        self.rto = (self.rto * 2).min(RTO_MAX);
+        self.rto = (self.rto * 2).min(self.max);
         self.next = now + self.rto;
         true
     }
@@ -79,8 +90,12 @@ pub struct Comm {
     attachment: Option<Attachment>,
     pub(crate) user_stats: UserStats,
     pub(crate) recv_buf: Vec<u8>,
-    /// Sequence number of the last barrier.
+    /// Sequence number of the last barrier entered.
     pub(crate) barrier_seq: u32,
+    /// Sequence number of the last barrier rank 0 completed (released).
+    pub(crate) barrier_done: u32,
+    /// The last barrier rank 0 gave up on, and the rank it blamed.
+    pub(crate) barrier_aborted: Option<(u32, usize)>,
     /// Scratch bitmap of ranks heard from, reused by every operation.
     pub(crate) heard: Vec<bool>,
     /// Ranks that said they closed their communicator.
@@ -142,6 +157,8 @@ impl Comm {
             user_stats: UserStats::default(),
             recv_buf: vec![0; RECV_BUFFER],
             barrier_seq: 0,
+            barrier_done: 0,
+            barrier_aborted: None,
             heard: vec![false; n],
             closed: vec![false; n],
             failed: vec![false; n],
@@ -249,6 +266,9 @@ impl Comm {
                 Ok(parsed) => parsed,
                 Err(_) => {
                     self.user_stats.dropped_malformed += 1;
+                    if Instant::now() >= deadline {
+                        return Ok(None);
+                    }
                     continue;
                 }
             };
@@ -259,6 +279,9 @@ impl Comm {
                 && self.group.peers[sender].addr() == from;
             if !member {
                 self.user_stats.dropped_foreign += 1;
+                if Instant::now() >= deadline {
+                    return Ok(None); // a stream of strays must not stretch the deadline
+                }
                 continue;
             }
             return Ok(Some(Received { header, kind }));
@@ -271,11 +294,18 @@ impl Comm {
     pub(crate) fn serve_stale(&mut self, got: &Received) -> Result<bool> {
         let sender = got.header.sender as usize;
         match got.kind {
-            Kind::BarrierArrive if self.rank() == 0 && got.header.seq <= self.barrier_seq => {
+            Kind::BarrierArrive if self.rank() == 0 && seq_at_or_before(got.header.seq, self.barrier_done) => {
                 self.user_stats.duplicates += 1;
                 self.send_control(Kind::BarrierRelease, got.header.seq, sender, true)?;
                 Ok(true)
             }
+            Kind::BarrierArrive if self.rank() == 0 => match self.barrier_aborted {
+                Some((seq, blamed)) if seq == got.header.seq => {
+                    self.send_abort(seq, blamed, sender)?;
+                    Ok(true)
+                }
+                _ => Ok(false),
+            },
             Kind::Close if self.rank() == 0 => {
                 self.closed[sender] = true;
                 self.send_control(Kind::CloseAck, 0, sender, false)?;
@@ -283,6 +313,17 @@ impl Comm {
             }
             _ => Ok(false),
         }
+    }
+
+    /// Tells `rank` that barrier `seq` failed because of rank `blamed`.
+    pub(crate) fn send_abort(&mut self, seq: u32, blamed: usize, rank: usize) -> Result<()> {
+        let mut header = self.header(Kind::BarrierAbort, seq);
+        header.count = blamed as u32;
+        let mut datagram = [0u8; HDR_LEN];
+        header.write_to(&mut datagram);
+        self.transport.send(&datagram, self.group.peers[rank].addr())?;
+        self.user_stats.packets_sent += 1;
+        Ok(())
     }
 
     /// The operation deadline from now.
@@ -312,6 +353,12 @@ impl Comm {
             let everyone = (0..self.size()).all(|r| self.closed[r] || self.failed[r]);
             if everyone && linger_until.is_none() {
                 linger_until = Some(Instant::now() + CLOSE_LINGER);
+                // One more acknowledgment each, for any that was lost.
+                for rank in 1..self.size() {
+                    if self.closed[rank] {
+                        self.send_control(Kind::CloseAck, 0, rank, true)?;
+                    }
+                }
             }
             let until = linger_until.map_or(deadline, |l| l.min(deadline));
             match self.recv_valid(until)? {
@@ -335,11 +382,11 @@ impl Comm {
     }
 
     fn close_member(&mut self, deadline: Instant) -> Result<()> {
-        if self.failed[0] {
-            return Ok(());
-        }
+        // Rank 0 may be alive even when an operation blamed it (it may have
+        // been waiting for a rank that died): say goodbye anyway, briefly.
+        let deadline = if self.failed[0] { deadline.min(Instant::now() + CLOSE_SUSPECT_WAIT) } else { deadline };
         self.send_control(Kind::Close, 0, 0, false)?;
-        let mut backoff = Backoff::new();
+        let mut backoff = Backoff::with_max(CLOSE_RTO_MAX);
         loop {
             if backoff.fire() {
                 self.send_control(Kind::Close, 0, 0, true)?;
@@ -362,8 +409,9 @@ impl Comm {
 impl Drop for Comm {
     fn drop(&mut self) {
         self.close();
-        // The attachment (if any) is dropped after this: the port leaves the
-        // kernel maps, and the last user detaches the programs.
+        // Unregister the port (and detach, if last) while the socket still
+        // holds it, so no other process can have bound it meanwhile.
+        drop(self.attachment.take());
     }
 }
 
@@ -425,7 +473,8 @@ mod tests {
         let others: Vec<_> = (1..3)
             .map(|rank| {
                 thread::spawn(move || {
-                    let mut comm = Comm::new(Config { timeout: Duration::from_millis(300), ..loopback(rank, 3, 29_622) }).unwrap();
+                    // A longer timeout than rank 0's, so rank 0 gives up first.
+                    let mut comm = Comm::new(Config { timeout: Duration::from_millis(3000), ..loopback(rank, 3, 29_622) }).unwrap();
                     comm.barrier().unwrap();
                     if rank == 2 {
                         // Rank 2 "dies": it never enters barrier #2 and vanishes without closing.
@@ -439,7 +488,8 @@ mod tests {
         let (status, message) = survivor.join().unwrap();
         assert_eq!(status, crate::Status::PeerFailed);
         assert!(message.contains("rank 2 failed: barrier #2: rank(s) 2 did not arrive within 300 ms"), "{message}");
+        // Rank 1 hears at once that the barrier failed, and whose fault it was.
         let member = others.into_iter().next().unwrap().join().unwrap().unwrap();
-        assert!(member.contains("rank 0 failed: barrier #2"), "{member}");
+        assert!(member.contains("rank 2 failed: barrier #2: rank 0 gave up on it because rank 2 failed"), "{member}");
     }
 }

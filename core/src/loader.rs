@@ -2,7 +2,9 @@
 //! interface.
 //!
 //! One attachment serves every communicator of every process on an
-//! interface. It lives under `/sys/fs/bpf/aggbox/<netns>-<ifindex>/`:
+//! interface. It lives under `/sys/fs/bpf/aggbox/<netns>-<ifindex>-<build>/`
+//! (`<build>` is a hash of the BPF objects, so two builds never share maps
+//! whose layout they disagree on):
 //!
 //! | pin | what |
 //! | --- | --- |
@@ -35,7 +37,7 @@ use std::{
 };
 
 use aya::{
-    maps::{HashMap, Map, MapData, PerCpuArray},
+    maps::{HashMap, IterableMap, Map, MapData, PerCpuArray},
     programs::{links::FdLink, tc::TcAttachType, SchedClassifier, Xdp, XdpMode},
     EbpfLoader,
 };
@@ -43,7 +45,7 @@ use aya::{
 use crate::{
     bpf,
     maps::{
-        names, GroupValue, MemberKey, MemberValue, PortValue, Prog, UserKey, UserValue, STAT_MAX,
+        names, GroupValue, MemberKey, MemberValue, PortKey, PortValue, Prog, UserKey, UserValue, STAT_MAX,
     },
     netif::Interface,
     rendezvous::GroupInfo,
@@ -176,7 +178,7 @@ fn netns_inode() -> Result<u64> {
 
 /// The pin directory of the attachment on `iface` in this network namespace.
 pub fn pin_dir(iface: &Interface) -> Result<PathBuf> {
-    Ok(pin_root()?.join(format!("{}-{}", netns_inode()?, iface.index)))
+    Ok(pin_root()?.join(format!("{}-{}-{}", netns_inode()?, iface.index, bpf::BUILD_ID)))
 }
 
 /// An exclusive `flock` on [`PIN_ROOT`], held while joining or leaving.
@@ -216,13 +218,32 @@ pub fn process_start_time(pid: u32) -> Option<u64> {
     after_name.split_whitespace().nth(19)?.parse().ok()
 }
 
+/// Inode of this process's PID namespace (0 if unreadable).
+pub fn pid_namespace() -> u32 {
+    fs::metadata("/proc/self/ns/pid").map(|m| m.ino() as u32).unwrap_or(0)
+}
+
+/// Whether `pid` is a zombie (dead, not yet reaped).
+fn is_zombie(pid: u32) -> bool {
+    fs::read_to_string(format!("/proc/{pid}/stat"))
+        .ok()
+        .and_then(|stat| stat.rfind(')').map(|i| stat[i + 1..].trim_start().starts_with('Z')))
+        .unwrap_or(false)
+}
+
+/// Whether the user entry belongs to a live process. An entry made in
+/// another PID namespace cannot be checked from here (its pid means
+/// something else), so it counts as alive.
 fn is_alive(key: &UserKey, user: &UserValue) -> bool {
-    process_start_time(key.pid) == Some(user.start_time)
+    if user.pidns != pid_namespace() {
+        return true;
+    }
+    process_start_time(key.pid) == Some(user.start_time) && !is_zombie(key.pid)
 }
 
 /// The shared maps of one attachment, opened from their pins.
 pub(crate) struct SharedMaps {
-    ports: HashMap<MapData, u16, PortValue>,
+    ports: HashMap<MapData, PortKey, PortValue>,
     groups: HashMap<MapData, u32, GroupValue>,
     members: HashMap<MapData, MemberKey, MemberValue>,
     users: HashMap<MapData, UserKey, UserValue>,
@@ -269,9 +290,7 @@ impl SharedMaps {
         for (key, user) in &dead {
             tracing::info!(pid = key.pid, port = key.port, group = user.group, "reclaiming a stale AggBox user");
             let _ = self.users.remove(key);
-            if self.ports.get(&key.port, 0).is_ok_and(|p| p.group == user.group) {
-                let _ = self.ports.remove(&key.port);
-            }
+            self.remove_port(PortKey { ipv4: user.ipv4, port: key.port, reserved: 0 }, user.group);
             if user.group != 0 && !live.iter().any(|(_, u)| u.group == user.group) {
                 self.remove_group(user.group);
             }
@@ -306,8 +325,22 @@ impl SharedMaps {
     }
 
     /// Makes `port` a port of `group`.
-    pub(crate) fn insert_port(&mut self, port: u16, group: u32) -> Result<()> {
+    pub(crate) fn insert_port(&mut self, port: PortKey, group: u32) -> Result<()> {
         self.ports.insert(port, PortValue { group }, 0).map_err(map_error("registering the port"))
+    }
+
+    /// Removes `port` if it still serves `group` (another communicator may
+    /// have bound the same port since).
+    fn remove_port(&mut self, port: PortKey, group: u32) {
+        if self.ports.get(&port, 0).is_ok_and(|p| p.group == group) {
+            let _ = self.ports.remove(&port);
+        }
+    }
+
+    /// The kernel id of the `ab_users` map these handles point at.
+    fn users_map_id(&self) -> Option<u32> {
+        let map: &MapData = self.users.map();
+        map.info().ok().map(|info| info.id())
     }
 
     /// The kernel counters.
@@ -425,16 +458,50 @@ fn complete(dir: &Path) -> bool {
         && [LINK_TC_INGRESS, LINK_TC_EGRESS].iter().chain(names::ALL.iter()).all(|n| dir.join(n).exists())
 }
 
+/// Tears down the attachments of other AggBox builds on the same interface
+/// that no live process uses; fails, naming them, when one is in use (only
+/// one build's programs can be attached to an interface at a time).
+fn clear_other_builds(dir: &Path) -> Result<()> {
+    let (Some(parent), Some(name)) = (dir.parent(), dir.file_name()) else { return Ok(()) };
+    let name = name.to_string_lossy();
+    let Some((interface_part, _)) = name.rsplit_once('-') else { return Ok(()) };
+    let Ok(entries) = fs::read_dir(parent) else { return Ok(()) };
+    for entry in entries.flatten() {
+        let other = entry.file_name().to_string_lossy().into_owned();
+        if other == name || other.rsplit_once('-').map(|(p, _)| p) != Some(interface_part) {
+            continue;
+        }
+        let path = entry.path();
+        let Ok(mut maps) = SharedMaps::open(&path) else {
+            // Its maps are not ours to read: leave it; attaching will say
+            // the interface is taken.
+            continue;
+        };
+        match maps.reclaim_stale() {
+            0 => tear_down(&path),
+            _ => {
+                let pids: Vec<String> = maps.user_entries().iter().map(|(k, _)| k.pid.to_string()).collect();
+                return Err(Error::Unsupported(format!(
+                    "another AggBox build is attached here ({}) and in use by pid(s) {}",
+                    path.display(),
+                    pids.join(", ")
+                )));
+            }
+        }
+    }
+    Ok(())
+}
+
 /// One communicator's use of the attachment on its interface. Dropping it
 /// unregisters the communicator and, when it was the last user, detaches.
 pub struct Attachment {
     dir: PathBuf,
     iface: String,
+    ipv4: u32,
     mode: XdpAttachMode,
     shared_with: usize,
     key: UserKey,
-    start_time: u64,
-    group: u32,
+    user: UserValue,
     maps: SharedMaps,
 }
 
@@ -455,33 +522,34 @@ impl Attachment {
         if live == 0 {
             // Nobody uses what is there (or it is half made): start anew.
             tear_down(&dir);
+            clear_other_builds(&dir)?;
             if let Err(e) = attach_fresh(iface, &dir) {
                 tear_down(&dir);
                 return Err(e);
             }
         }
         let mode = existing_mode(&dir).ok_or_else(|| Error::Internal("XDP link pin vanished".into()))?;
-        let maps = SharedMaps::open(&dir)?;
+        let mut maps = SharedMaps::open(&dir)?;
         let me = std::process::id();
         let key = UserKey { pid: me, port, reserved: 0 };
-        let mut attachment = Attachment {
-            dir,
-            iface: iface.name.clone(),
-            mode,
-            shared_with: live,
-            key,
+        let ipv4 = u32::from(iface.ipv4).to_be();
+        let user = UserValue {
             start_time: process_start_time(me)
                 .ok_or_else(|| Error::Internal("cannot read this process's start time".into()))?,
             group: 0,
-            maps,
+            ipv4,
+            pidns: pid_namespace(),
+            reserved: 0,
         };
-        let user = UserValue { start_time: attachment.start_time, group: 0, reserved: 0 };
-        if let Err(e) = attachment.maps.users.insert(key, user, 0).map_err(map_error("registering this process")) {
-            attachment.leave_locked();
+        if let Err(e) = maps.users.insert(key, user, 0).map_err(map_error("registering this process")) {
+            // Not registered: leave nothing behind if nobody else uses it.
+            if maps.reclaim_stale() == 0 {
+                tear_down(&dir);
+            }
             return Err(e);
         }
-        tracing::info!(iface = %attachment.iface, mode = mode.name(), shared_with = live, "AggBox programs attached");
-        Ok(attachment)
+        tracing::info!(iface = %iface.name, mode = mode.name(), shared_with = live, "AggBox programs attached");
+        Ok(Attachment { dir, iface: iface.name.clone(), ipv4, mode, shared_with: live, key, user, maps })
     }
 
     /// Registers `group` (made by rendezvous) for this communicator's port:
@@ -490,13 +558,16 @@ impl Attachment {
         let _lock = PinLock::take()?;
         let maps = &mut self.maps;
         maps.check_group_free(group, &self.iface)?;
-        self.group = group.group;
-        maps.users
-            .insert(self.key, UserValue { start_time: self.start_time, group: group.group, reserved: 0 }, 0)
-            .map_err(map_error("registering this process's group"))?;
+        self.user.group = group.group;
+        maps.users.insert(self.key, self.user, 0).map_err(map_error("registering this process's group"))?;
         maps.insert_group(group)?;
         // Last: from here on the programs treat the port as AggBox's.
-        maps.insert_port(self.key.port, group.group)
+        let port = PortKey { ipv4: self.ipv4, port: self.key.port, reserved: 0 };
+        maps.insert_port(port, group.group)
+    }
+
+    fn port_key(&self) -> PortKey {
+        PortKey { ipv4: self.ipv4, port: self.key.port, reserved: 0 }
     }
 
     /// The XDP mode of the attachment.
@@ -527,14 +598,18 @@ impl Attachment {
 
     /// Unregisters; detaches when no live user is left. Caller holds the lock.
     fn leave_locked(&mut self) {
-        let _ = self.maps.ports.remove(&self.key.port);
+        let group = self.user.group;
+        self.maps.remove_port(self.port_key(), group);
         let _ = self.maps.users.remove(&self.key);
         let live = self.maps.reclaim_stale();
-        let group_in_use = self.maps.user_entries().iter().any(|(_, u)| u.group == self.group);
-        if self.group != 0 && !group_in_use {
-            self.maps.remove_group(self.group);
+        let group_in_use = self.maps.user_entries().iter().any(|(_, u)| u.group == group);
+        if group != 0 && !group_in_use {
+            self.maps.remove_group(group);
         }
-        if live == 0 {
+        // Tear down only the attachment these maps belong to: if it was
+        // rebuilt under us, the pins are someone else's now.
+        let pinned_id = SharedMaps::open(&self.dir).ok().and_then(|m| m.users_map_id());
+        if live == 0 && pinned_id.is_some() && pinned_id == self.maps.users_map_id() {
             tear_down(&self.dir);
             tracing::info!(iface = %self.iface, "last AggBox user left; programs detached");
         }

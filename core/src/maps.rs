@@ -17,6 +17,18 @@ pub mod names {
     pub const ALL: [&str; 5] = [PORTS, GROUPS, MEMBERS, USERS, STATS];
 }
 
+/// `struct aggbox_port_key`.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+#[repr(C)]
+pub struct PortKey {
+    /// The communicator's IPv4 address, network byte order.
+    pub ipv4: u32,
+    /// Its UDP port, host byte order.
+    pub port: u16,
+    /// Zero.
+    pub reserved: u16,
+}
+
 /// `struct aggbox_port`.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 #[repr(C)]
@@ -79,12 +91,17 @@ pub struct UserValue {
     pub start_time: u64,
     /// The group the communicator serves.
     pub group: u32,
+    /// The communicator's IPv4 address, network byte order.
+    pub ipv4: u32,
+    /// Inode of the process's PID namespace.
+    pub pidns: u32,
     /// Zero.
     pub reserved: u32,
 }
 
 // SAFETY: all of these are repr(C) plain data without padding holes that
 // matter to the kernel (reserved fields are explicit), valid for any bits.
+unsafe impl aya::Pod for PortKey {}
 unsafe impl aya::Pod for PortValue {}
 unsafe impl aya::Pod for GroupValue {}
 unsafe impl aya::Pod for MemberKey {}
@@ -143,6 +160,8 @@ mod tests {
     #[test]
     fn values_match_the_c_definitions() {
         let exprs: Vec<String> = [
+            "sizeof(struct aggbox_port_key)",
+            "offsetof(struct aggbox_port_key, port)",
             "sizeof(struct aggbox_port)",
             "offsetof(struct aggbox_port, group)",
             "sizeof(struct aggbox_group)",
@@ -158,6 +177,8 @@ mod tests {
             "offsetof(struct aggbox_user_key, port)",
             "sizeof(struct aggbox_user)",
             "offsetof(struct aggbox_user, group)",
+            "offsetof(struct aggbox_user, ipv4)",
+            "offsetof(struct aggbox_user, pidns)",
             "AGGBOX_PROG_XDP_INGRESS",
             "AGGBOX_PROG_TC_INGRESS",
             "AGGBOX_PROG_TC_EGRESS",
@@ -169,6 +190,8 @@ mod tests {
         .map(String::from)
         .to_vec();
         let rust = vec![
+            size_of::<PortKey>(),
+            offset_of!(PortKey, port),
             size_of::<PortValue>(),
             offset_of!(PortValue, group),
             size_of::<GroupValue>(),
@@ -184,6 +207,8 @@ mod tests {
             offset_of!(UserKey, port),
             size_of::<UserValue>(),
             offset_of!(UserValue, group),
+            offset_of!(UserValue, ipv4),
+            offset_of!(UserValue, pidns),
             Prog::XdpIngress as usize,
             Prog::TcIngress as usize,
             Prog::TcEgress as usize,

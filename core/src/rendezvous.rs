@@ -7,7 +7,7 @@
 //! and datapath. The text format is in `docs/PROTOCOL.md`.
 
 use std::{
-    io::{self, BufRead, BufReader, Write},
+    io::{self, BufRead, BufReader, Read, Write},
     net::{Ipv4Addr, SocketAddrV4, TcpListener, TcpStream},
     str::FromStr,
     time::{Duration, Instant},
@@ -24,6 +24,10 @@ const REFUSED: &str = "AGGBOX-REFUSED";
 const READY: &str = "AGGBOX-READY";
 const GO: &str = "AGGBOX-GO";
 const STORE_VERSION: u32 = 1;
+/// How long rank 0 waits for a connection's hello line.
+const HELLO_TIMEOUT: Duration = Duration::from_secs(2);
+/// Longest line of the store protocol.
+const MAX_LINE: u64 = 512;
 /// Pause between connection attempts while rank 0 is not listening yet.
 const RETRY_PAUSE: Duration = Duration::from_millis(20);
 
@@ -199,11 +203,16 @@ fn host(
         table.push('\n');
     }
     setup(&info)?;
-    for (_, stream) in &mut streams {
-        stream
-            .write_all(table.as_bytes())
-            .map_err(|e| Error::system("sending the rendezvous table", e))?;
+    // Everyone gets the table even if one write fails; then report it.
+    let mut sent: Result<()> = Ok(());
+    for (rank, stream) in &mut streams {
+        if let Err(e) = stream.write_all(table.as_bytes()) {
+            if sent.is_ok() {
+                sent = Err(Error::system(format!("sending the rendezvous table to rank {rank}"), e));
+            }
+        }
     }
+    sent?;
     // Every rank sets up, then says READY; then everyone may start.
     for (rank, stream) in &mut streams {
         let left = remaining(deadline).unwrap_or(Duration::from_millis(1));
@@ -231,10 +240,12 @@ fn host(
 /// this job with the wrong world size is an error for everyone.
 fn read_hello(stream: TcpStream, n: usize, left: Duration) -> Result<Option<(PeerInfo, TcpStream)>> {
     stream.set_nonblocking(false).ok();
-    stream.set_read_timeout(Some(left)).ok();
+    // A connection that says nothing (a health probe) must not stall the
+    // store, and a line may not grow without bound.
+    stream.set_read_timeout(Some(left.min(HELLO_TIMEOUT))).ok();
     let mut line = String::new();
     let mut reader = BufReader::new(stream);
-    if reader.read_line(&mut line).is_err() {
+    if (&mut reader).take(MAX_LINE).read_line(&mut line).is_err() || !line.ends_with('\n') {
         return Ok(None);
     }
     let mut stream = reader.into_inner();
@@ -389,6 +400,23 @@ mod tests {
         assert_ne!(tables[0].group, 0);
         let expected: Vec<PeerInfo> = (0..4).map(|r| me(r, 100 + r as u16)).collect();
         assert_eq!(tables[0].peers, expected);
+    }
+
+    #[test]
+    fn a_silent_connection_does_not_stall_the_store() {
+        let port = 29_616;
+        let host = thread::spawn(move || rendezvous(&config(0, 2, port, 8_000), me(0, 1)));
+        // A probe connects first and says nothing.
+        let probe = loop {
+            if let Ok(stream) = TcpStream::connect(("127.0.0.1", port)) {
+                break stream;
+            }
+            thread::sleep(Duration::from_millis(10));
+        };
+        let joined = rendezvous(&config(1, 2, port, 8_000), me(1, 1)).unwrap();
+        let hosted = host.join().unwrap().unwrap();
+        assert_eq!(joined, hosted);
+        drop(probe);
     }
 
     #[test]

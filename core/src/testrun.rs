@@ -143,10 +143,11 @@ impl Harness {
         result
     }
 
-    /// Registers `group`, served by a local communicator on `port`.
-    pub fn register(&mut self, port: u16, group: &GroupInfo) -> Result<()> {
+    /// Registers `group`, served by a local communicator on `ipv4:port`.
+    pub fn register(&mut self, ipv4: std::net::Ipv4Addr, port: u16, group: &GroupInfo) -> Result<()> {
         self.maps.insert_group(group)?;
-        self.maps.insert_port(port, group.group)
+        let key = crate::maps::PortKey { ipv4: u32::from(ipv4).to_be(), port, reserved: 0 };
+        self.maps.insert_port(key, group.group)
     }
 
     /// Runs `prog` on `frame`.

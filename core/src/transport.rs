@@ -16,6 +16,9 @@ use crate::{
     Error, Result,
 };
 
+/// Longest wait for room in a full socket send buffer.
+pub const SEND_STALL: std::time::Duration = std::time::Duration::from_secs(1);
+
 /// Socket receive buffer asked for, so bursts from many ranks are not lost.
 const RECV_BUFFER_BYTES: libc::c_int = 4 << 20;
 
@@ -71,13 +74,18 @@ impl Transport {
         self.local
     }
 
-    /// Sends one datagram. A full socket buffer is retried once after a
-    /// short wait for room; other errors are returned.
+    /// Sends one datagram. While the socket buffer is full it waits for
+    /// room, for [`SEND_STALL`] at most; other errors are returned.
     pub fn send(&self, datagram: &[u8], to: SocketAddrV4) -> Result<()> {
+        let mut stalled_since: Option<Instant> = None;
         loop {
             match self.socket.send_to(datagram, to) {
                 Ok(_) => return Ok(()),
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                    let since = *stalled_since.get_or_insert_with(Instant::now);
+                    if since.elapsed() >= SEND_STALL {
+                        return Err(Error::system(format!("sending to {to}: no room in the socket buffer"), e));
+                    }
                     self.poll(libc::POLLOUT, 1)?;
                 }
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => {}

@@ -16,6 +16,13 @@ pub const MAX_RANKS: usize = 256;
 /// Header flag: this datagram repeats an earlier one.
 pub const FLAG_RETRANSMIT: u16 = 0x0001;
 
+/// Whether sequence number `a` is at or before `b`, in serial-number
+/// arithmetic (RFC 1982): correct across the wrap from `u32::MAX` to 0 as
+/// long as the two are less than 2^31 apart.
+pub fn seq_at_or_before(a: u32, b: u32) -> bool {
+    (b.wrapping_sub(a) as i32) >= 0
+}
+
 /// What a datagram is (`enum aggbox_kind`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 #[repr(u8)]
@@ -26,8 +33,10 @@ pub enum Kind {
     BarrierRelease = 2,
     /// rank -> rank 0: "I am done with every operation".
     Close = 3,
-    /// rank 0 -> rank: "every rank is done; leave".
+    /// rank 0 -> rank: "got your CLOSE; leave".
     CloseAck = 4,
+    /// rank 0 -> rank: "barrier `seq` failed: rank `count` is gone".
+    BarrierAbort = 5,
 }
 
 impl Kind {
@@ -38,6 +47,7 @@ impl Kind {
             2 => Kind::BarrierRelease,
             3 => Kind::Close,
             4 => Kind::CloseAck,
+            5 => Kind::BarrierAbort,
             _ => return None,
         })
     }
@@ -162,6 +172,7 @@ mod tests {
                 "AGGBOX_KIND_BARRIER_RELEASE",
                 "AGGBOX_KIND_CLOSE",
                 "AGGBOX_KIND_CLOSE_ACK",
+                "AGGBOX_KIND_BARRIER_ABORT",
                 "AGGBOX_KIND_MAX",
             ]
             .map(String::from),
@@ -191,9 +202,20 @@ mod tests {
             Kind::BarrierRelease as u64,
             Kind::Close as u64,
             Kind::CloseAck as u64,
-            Kind::CloseAck as u64 + 1,
+            Kind::BarrierAbort as u64,
+            Kind::BarrierAbort as u64 + 1,
         ];
         assert_eq!(rust, c);
+    }
+
+    #[test]
+    fn sequence_numbers_compare_across_the_wrap() {
+        assert!(seq_at_or_before(5, 5));
+        assert!(seq_at_or_before(4, 5));
+        assert!(!seq_at_or_before(6, 5));
+        assert!(seq_at_or_before(u32::MAX, 0));
+        assert!(seq_at_or_before(u32::MAX - 3, 2));
+        assert!(!seq_at_or_before(2, u32::MAX - 3));
     }
 
     #[test]

@@ -117,7 +117,7 @@ fn malformed() -> Vec<(&'static str, Vec<u8>, &'static str)> {
 
 fn harness() -> Harness {
     let mut h = Harness::new().expect("load the AggBox programs (run as root)");
-    h.register(LOCAL_PORT, &group()).unwrap();
+    h.register(LOCAL_IP, LOCAL_PORT, &group()).unwrap();
     h
 }
 
