@@ -8,6 +8,8 @@
  * ...". Successful calls leave that message alone, so read it only right
  * after a call failed. No call aborts the process or unwinds into the
  * caller: a bug inside the library is reported as AGGBOX_ERR_INTERNAL.
+ * Calls made while a thread exits (from a thread_local destructor) work,
+ * but their message may be lost.
  *
  * Arguments. Every pointer is checked: NULL where an object is required
  * gives AGGBOX_ERR_INVALID_ARGUMENT (functions returning no status say what
@@ -25,9 +27,13 @@
  * a time (as in MPI and NCCL): a call made while another thread is inside a
  * call on the same communicator fails with AGGBOX_ERR_INVALID_ARGUMENT
  * rather than corrupting it. aggbox_comm_rank, aggbox_comm_size,
- * aggbox_comm_datapath and aggbox_comm_datapath_reason may be called at any
- * time. Distinct communicators are independent. The functions that take no
- * communicator may be called from any thread at any time.
+ * aggbox_comm_datapath and aggbox_comm_datapath_reason may be called even
+ * then. aggbox_comm_destroy is the exception: it frees the communicator, so
+ * no call on it may race destroy or follow it. The library turns such a
+ * race into an error where it can see it (see aggbox_comm_destroy), but
+ * not always: a call that reaches a freed communicator is undefined
+ * behaviour. Distinct communicators are independent. The functions that
+ * take no communicator may be called from any thread at any time.
  *
  * Versions. AGGBOX_ABI_VERSION is the ABI this header describes;
  * aggbox_abi_version() is the one the library implements.
@@ -261,7 +267,8 @@ typedef enum aggbox_stat {
  * used from any thread, but by one thread at a time: a call made while
  * another thread is inside a call on the same communicator fails with
  * `AGGBOX_ERR_INVALID_ARGUMENT` (the getters of rank, size, datapath and
- * datapath reason can be called at any time).
+ * datapath reason may be called even then). `aggbox_comm_destroy` must not
+ * race any call on it: see there.
  */
 typedef struct aggbox_comm aggbox_comm;
 
@@ -411,10 +418,27 @@ enum aggbox_status aggbox_comm_init_from_env(struct aggbox_comm **out);
 
 /**
  * Leaves the group and frees `comm` and everything it holds. NULL is a
- * no-op. `comm` must not be used after this call. Destroying a
- * communicator while another thread is inside a call on it is a bug of the
- * caller; when the library sees it, it leaves `comm` alive (leaked) rather
- * than free memory in use, and records the last error.
+ * no-op.
+ *
+ * Destroying a communicator while another thread may be using it is a bug
+ * of the caller; the library makes it an error where it can see it, and
+ * records the last error:
+ * - While another thread is inside a call that holds the communicator
+ *   (`aggbox_barrier`, `aggbox_comm_stats`), this does nothing: `comm` is
+ *   not destroyed, stays valid, and may be destroyed once that call has
+ *   returned.
+ * - Otherwise it first takes the communicator out of the handle, in the
+ *   same step as that check. While it leaves the group, a call from
+ *   another thread that needs the communicator (`aggbox_barrier`,
+ *   `aggbox_comm_stats`, a second `aggbox_comm_destroy`) fails with
+ *   `AGGBOX_ERR_INVALID_ARGUMENT`, "the communicator is being destroyed",
+ *   and the getters still answer. The handle itself is freed only after
+ *   the calls that reached it in the meantime have returned.
+ *
+ * What it cannot catch is a call that reaches `comm` as this call frees it
+ * or after: that is a use of freed memory, undefined behaviour. So `comm`
+ * must not be used, from any thread, once this call has returned, and a
+ * program should not let any call race it.
  *
  * # Safety
  *
@@ -463,7 +487,9 @@ enum aggbox_datapath aggbox_comm_datapath(const struct aggbox_comm *comm);
  * `AGGBOX_DATAPATH_USER` or `_KERNEL`, or auto got the kernel datapath) it
  * writes an empty string and returns 0. A NULL `comm` also gives an empty
  * string and 0, and records the last error. The reason is fixed when the
- * communicator is made, so this may be called at any time, from any thread.
+ * communicator is made, so this may be called from any thread, even while
+ * another thread is inside a call on the communicator (but, as every call,
+ * not racing `aggbox_comm_destroy`).
  *
  * # Safety
  *
@@ -513,7 +539,12 @@ const char *aggbox_status_string(aggbox_status status);
  * with the NUL, and returns the length of the whole message without the
  * NUL, as `snprintf` does: a return value of `len` or more means it was
  * truncated. With `buf` NULL or `len` 0 it writes nothing and only returns
- * the length. Calls that succeed leave the message as it was.
+ * the length. It never writes more than the message and its NUL, so no
+ * `len` is an error, not even one larger than any object (such as
+ * `SIZE_MAX`). This call never fails, so it never changes the message;
+ * nor do calls that succeed. While the thread is exiting (in a
+ * thread-local destructor, say) the message may no longer be kept: calls
+ * still return their status, but this may then give "".
  *
  * # Safety
  *

@@ -59,14 +59,65 @@ pub(crate) fn copy_c_string(text: &str, buf: &mut [u8]) -> usize {
 }
 
 /// Records `message` as this thread's last error (through [`c_text`]).
+///
+/// This runs outside `catch_unwind` (it reports what the body did), so it
+/// must not panic: while the thread is exiting, from a thread-local
+/// destructor (a C++ `thread_local` whose destructor calls
+/// `aggbox_comm_destroy`, say), [`LAST_ERROR`] may already be gone, and
+/// the message is then dropped instead.
 pub(crate) fn set_last_error(message: impl Into<String>) {
     let message = c_text(message);
-    LAST_ERROR.with_borrow_mut(|last| *last = message);
+    // Ignored: the thread-local was destroyed (thread exit), or it is
+    // borrowed, which nothing here does while calling this.
+    let _ = LAST_ERROR.try_with(|last| {
+        if let Ok(mut last) = last.try_borrow_mut() {
+            *last = message;
+        }
+    });
 }
 
-/// Copies this thread's last error into `buf` as [`copy_c_string`] does.
+/// Copies this thread's last error to the `len` bytes at `buf` as
+/// [`copy_c_string`] does, and returns its whole length. It writes at most
+/// the message and its NUL, so a `len` bigger than the buffer the message
+/// needs is no error, whatever its size; with `buf` NULL or `len` 0 it
+/// writes nothing. While the thread is exiting (see [`set_last_error`])
+/// the message may be gone: it is then "".
+///
+/// # Safety
+///
+/// `buf` is NULL or valid for writing `len` bytes.
+pub(crate) unsafe fn copy_last_error_to(buf: *mut u8, len: usize) -> usize {
+    let copy = |text: &str| {
+        // The message and its NUL are at most `isize::MAX` bytes (a
+        // `String`), so this slice is one Rust allows, whatever `len` is.
+        let len = len.min(text.len() + 1);
+        if buf.is_null() || len == 0 {
+            return copy_c_string(text, &mut []);
+        }
+        // SAFETY: not NULL; `len` bytes, no more than the caller's, are
+        // writable (its promise); bytes need no alignment.
+        copy_c_string(text, unsafe { std::slice::from_raw_parts_mut(buf, len) })
+    };
+    LAST_ERROR
+        .try_with(|last| match last.try_borrow() {
+            Ok(last) => copy(&last),
+            Err(_) => copy(""),
+        })
+        .unwrap_or_else(|_| copy(""))
+}
+
+/// Whether this thread's last error is gone (the thread is exiting and
+/// destroyed it), for tests of calls made from thread-local destructors.
+#[cfg(test)]
+pub(crate) fn last_error_is_gone() -> bool {
+    LAST_ERROR.try_with(|_| ()).is_err()
+}
+
+/// [`copy_last_error_to`] into a Rust buffer.
+#[cfg(test)]
 pub(crate) fn copy_last_error(buf: &mut [u8]) -> usize {
-    LAST_ERROR.with_borrow(|last| copy_c_string(last, buf))
+    // SAFETY: `buf` is writable.
+    unsafe { copy_last_error_to(buf.as_mut_ptr(), buf.len()) }
 }
 
 /// The text of a panic payload (`panic!` gives a `&str` or a `String`).

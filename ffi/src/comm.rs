@@ -1,17 +1,21 @@
 //! `aggbox_comm`: the communicator handle, its life cycle and its collectives.
 
 use std::{
+    ops::{Deref, DerefMut},
     os::raw::{c_char, c_int},
     ptr,
-    sync::{Mutex, MutexGuard, TryLockError},
+    sync::{
+        atomic::{AtomicUsize, Ordering},
+        Mutex, MutexGuard, TryLockError,
+    },
 };
 
 use aggbox_core::{Comm, Error, Result};
 
 use crate::{
     boundary::{
-        c_text, check_ptr, copy_c_string, invalid, lock_exclusive, status_call, try_out_buf,
-        try_ref, try_write, value_call,
+        c_text, copy_c_string, invalid, lock_exclusive, status_call, try_out_buf, try_ref,
+        try_write, value_call,
     },
     config::aggbox_config,
     types::{aggbox_datapath, aggbox_status},
@@ -23,7 +27,8 @@ use crate::{
 /// used from any thread, but by one thread at a time: a call made while
 /// another thread is inside a call on the same communicator fails with
 /// `AGGBOX_ERR_INVALID_ARGUMENT` (the getters of rank, size, datapath and
-/// datapath reason can be called at any time).
+/// datapath reason may be called even then). `aggbox_comm_destroy` must not
+/// race any call on it: see there.
 pub struct aggbox_comm {
     /// What never changes, readable without the lock.
     rank: c_int,
@@ -32,8 +37,12 @@ pub struct aggbox_comm {
     /// Why `AGGBOX_DATAPATH_AUTO` fell back to the user datapath, made fit
     /// for C (see [`c_text`]); empty when it did not.
     datapath_reason: Box<str>,
-    /// The communicator; the lock is only ever tried, never waited for.
-    comm: Mutex<Comm>,
+    /// How many exports are using this handle right now, on any thread (see
+    /// [`CommRef`]): `aggbox_comm_destroy` frees it only when it is alone.
+    calls: AtomicUsize,
+    /// The communicator, `None` once `aggbox_comm_destroy` has taken it out;
+    /// the lock is only ever tried, never waited for.
+    comm: Mutex<Option<Comm>>,
 }
 
 // The handle moves between the threads of its C caller (one at a time), so
@@ -55,13 +64,78 @@ impl aggbox_comm {
             size: int(comm.size(), "world size")?,
             datapath: comm.datapath().into(),
             datapath_reason: c_text(comm.datapath_reason().unwrap_or_default()).into(),
-            comm: Mutex::new(comm),
+            calls: AtomicUsize::new(0),
+            comm: Mutex::new(Some(comm)),
         })
+    }
+}
+
+/// A communicator handle in use by one export: counted in
+/// [`aggbox_comm::calls`] from [`CommRef::new`] to its drop, so that
+/// `aggbox_comm_destroy` does not free the handle under it. Every export
+/// reaches the handle through one.
+pub(crate) struct CommRef<'a>(&'a aggbox_comm);
+
+impl<'a> CommRef<'a> {
+    /// The handle `ptr`, the argument `comm`, counted as in use.
+    ///
+    /// # Safety
+    ///
+    /// `ptr` is NULL or a live communicator.
+    pub(crate) unsafe fn new(ptr: *const aggbox_comm) -> Result<CommRef<'a>> {
+        // SAFETY: the caller's promise.
+        let handle = unsafe { try_ref(ptr, "comm") }?;
+        // Relaxed, as `Arc::clone`: what matters is that the decrement in
+        // `drop` is seen by `aggbox_comm_destroy` before it frees.
+        handle.calls.fetch_add(1, Ordering::Relaxed);
+        Ok(CommRef(handle))
     }
 
     /// The communicator, for one call by this thread.
-    pub(crate) fn lock(&self) -> Result<MutexGuard<'_, Comm>> {
-        lock_exclusive(&self.comm)
+    pub(crate) fn lock(&self) -> Result<CommGuard<'_>> {
+        let guard = lock_exclusive(&self.0.comm)?;
+        if guard.is_none() {
+            return Err(invalid(
+                "the communicator is being destroyed (by another thread): \
+                 it must not be used once aggbox_comm_destroy is called",
+            ));
+        }
+        Ok(CommGuard(guard))
+    }
+}
+
+impl Deref for CommRef<'_> {
+    type Target = aggbox_comm;
+
+    fn deref(&self) -> &aggbox_comm {
+        self.0
+    }
+}
+
+impl Drop for CommRef<'_> {
+    fn drop(&mut self) {
+        // Release: this export's accesses to the handle happen before
+        // `aggbox_comm_destroy` frees it (it loads with Acquire). The
+        // handle may be freed as soon as this is done.
+        self.0.calls.fetch_sub(1, Ordering::Release);
+    }
+}
+
+/// The communicator, locked for one call by [`CommRef::lock`] (which
+/// checked that it was not taken out by `aggbox_comm_destroy`).
+pub(crate) struct CommGuard<'a>(MutexGuard<'a, Option<Comm>>);
+
+impl Deref for CommGuard<'_> {
+    type Target = Comm;
+
+    fn deref(&self) -> &Comm {
+        self.0.as_ref().expect("checked by CommRef::lock")
+    }
+}
+
+impl DerefMut for CommGuard<'_> {
+    fn deref_mut(&mut self) -> &mut Comm {
+        self.0.as_mut().expect("checked by CommRef::lock")
     }
 }
 
@@ -123,10 +197,27 @@ pub unsafe extern "C" fn aggbox_comm_init_from_env(out: *mut *mut aggbox_comm) -
 }
 
 /// Leaves the group and frees `comm` and everything it holds. NULL is a
-/// no-op. `comm` must not be used after this call. Destroying a
-/// communicator while another thread is inside a call on it is a bug of the
-/// caller; when the library sees it, it leaves `comm` alive (leaked) rather
-/// than free memory in use, and records the last error.
+/// no-op.
+///
+/// Destroying a communicator while another thread may be using it is a bug
+/// of the caller; the library makes it an error where it can see it, and
+/// records the last error:
+/// - While another thread is inside a call that holds the communicator
+///   (`aggbox_barrier`, `aggbox_comm_stats`), this does nothing: `comm` is
+///   not destroyed, stays valid, and may be destroyed once that call has
+///   returned.
+/// - Otherwise it first takes the communicator out of the handle, in the
+///   same step as that check. While it leaves the group, a call from
+///   another thread that needs the communicator (`aggbox_barrier`,
+///   `aggbox_comm_stats`, a second `aggbox_comm_destroy`) fails with
+///   `AGGBOX_ERR_INVALID_ARGUMENT`, "the communicator is being destroyed",
+///   and the getters still answer. The handle itself is freed only after
+///   the calls that reached it in the meantime have returned.
+///
+/// What it cannot catch is a call that reaches `comm` as this call frees it
+/// or after: that is a use of freed memory, undefined behaviour. So `comm`
+/// must not be used, from any thread, once this call has returned, and a
+/// program should not let any call race it.
 ///
 /// # Safety
 ///
@@ -138,19 +229,41 @@ pub unsafe extern "C" fn aggbox_comm_destroy(comm: *mut aggbox_comm) {
         if comm.is_null() {
             return Ok(());
         }
-        check_ptr(comm.cast_const(), "comm")?;
         // SAFETY: a live communicator (the caller's promise).
-        let in_use = matches!(
-            unsafe { &*comm }.comm.try_lock(),
-            Err(TryLockError::WouldBlock)
-        );
-        if in_use {
-            return Err(invalid(
-                "comm is in use by another thread: not destroyed (destroy it once no call is in progress)",
-            ));
+        let handle = unsafe { CommRef::new(comm) }?;
+        // Check and take under one lock: once it is released, a call that
+        // gets the lock finds `None`.
+        let taken = {
+            let mut guard = match handle.comm.try_lock() {
+                Ok(guard) => guard,
+                // A panic in an earlier call: the communicator is unusable,
+                // and destroying it is what the error asked for.
+                Err(TryLockError::Poisoned(poisoned)) => poisoned.into_inner(),
+                Err(TryLockError::WouldBlock) => {
+                    return Err(invalid(
+                        "comm is in use by another thread: not destroyed \
+                         (destroy it once no call is in progress)",
+                    ))
+                }
+            };
+            guard.take().ok_or_else(|| {
+                invalid("comm is being destroyed by another thread: destroyed only once")
+            })?
+        };
+        // Leave the group with the lock released, so that a racing call
+        // fails at once, with "being destroyed".
+        drop(taken);
+        // Wait for the calls that reached the handle meanwhile; they do not
+        // block (the lock is only tried), so this is short. Acquire: their
+        // accesses happen before the free (see `CommRef::drop`).
+        while handle.calls.load(Ordering::Acquire) != 1 {
+            std::thread::yield_now();
         }
+        // Not dropped: that would count this call out after the check.
+        std::mem::forget(handle);
         // SAFETY: made by `Box::into_raw` in `init` and not freed yet (the
-        // caller's promise); no other thread is using it.
+        // caller's promise); this call took the communicator out, so no
+        // other destroy frees it, and no other call holds the handle.
         drop(unsafe { Box::from_raw(comm) });
         Ok(())
     })
@@ -165,7 +278,7 @@ pub unsafe extern "C" fn aggbox_comm_destroy(comm: *mut aggbox_comm) {
 pub unsafe extern "C" fn aggbox_comm_rank(comm: *const aggbox_comm) -> c_int {
     // SAFETY: the caller's promise.
     value_call("aggbox_comm_rank", -1, || {
-        Ok(unsafe { try_ref(comm, "comm") }?.rank)
+        Ok(unsafe { CommRef::new(comm) }?.rank)
     })
 }
 
@@ -178,7 +291,7 @@ pub unsafe extern "C" fn aggbox_comm_rank(comm: *const aggbox_comm) -> c_int {
 pub unsafe extern "C" fn aggbox_comm_size(comm: *const aggbox_comm) -> c_int {
     // SAFETY: the caller's promise.
     value_call("aggbox_comm_size", -1, || {
-        Ok(unsafe { try_ref(comm, "comm") }?.size)
+        Ok(unsafe { CommRef::new(comm) }?.size)
     })
 }
 
@@ -195,7 +308,7 @@ pub unsafe extern "C" fn aggbox_comm_datapath(comm: *const aggbox_comm) -> aggbo
     value_call(
         "aggbox_comm_datapath",
         aggbox_datapath::AGGBOX_DATAPATH_AUTO,
-        || Ok(unsafe { try_ref(comm, "comm") }?.datapath),
+        || Ok(unsafe { CommRef::new(comm) }?.datapath),
     )
 }
 
@@ -209,7 +322,9 @@ pub unsafe extern "C" fn aggbox_comm_datapath(comm: *const aggbox_comm) -> aggbo
 /// `AGGBOX_DATAPATH_USER` or `_KERNEL`, or auto got the kernel datapath) it
 /// writes an empty string and returns 0. A NULL `comm` also gives an empty
 /// string and 0, and records the last error. The reason is fixed when the
-/// communicator is made, so this may be called at any time, from any thread.
+/// communicator is made, so this may be called from any thread, even while
+/// another thread is inside a call on the communicator (but, as every call,
+/// not racing `aggbox_comm_destroy`).
 ///
 /// # Safety
 ///
@@ -228,7 +343,7 @@ pub unsafe extern "C" fn aggbox_comm_datapath_reason(
         // C string whatever happens next.
         copy_c_string("", buf);
         // SAFETY: the caller's promise.
-        let comm = unsafe { try_ref(comm, "comm") }?;
+        let comm = unsafe { CommRef::new(comm) }?;
         Ok(copy_c_string(&comm.datapath_reason, buf))
     })
 }
@@ -244,8 +359,9 @@ pub unsafe extern "C" fn aggbox_comm_datapath_reason(
 pub unsafe extern "C" fn aggbox_barrier(comm: *mut aggbox_comm) -> aggbox_status {
     status_call("aggbox_barrier", || {
         // SAFETY: the caller's promise.
-        let comm = unsafe { try_ref(comm.cast_const(), "comm") }?;
-        comm.lock()?.barrier()
+        let handle = unsafe { CommRef::new(comm) }?;
+        let mut comm = handle.lock()?;
+        comm.barrier()
     })
 }
 
@@ -513,7 +629,8 @@ mod tests {
 
         let comm = one_rank();
         // Hold the lock as a call in progress on another thread would.
-        let guard = unsafe { &*comm }.lock().unwrap();
+        let held = unsafe { CommRef::new(comm) }.unwrap();
+        let guard = held.lock().unwrap();
         let handle = Handle(comm);
         std::thread::spawn(move || {
             let comm = handle;
@@ -532,6 +649,7 @@ mod tests {
         .join()
         .unwrap();
         drop(guard);
+        drop(held);
         unsafe {
             assert_eq!(
                 aggbox_barrier(comm),
@@ -541,5 +659,102 @@ mod tests {
             );
             aggbox_comm_destroy(comm);
         }
+    }
+
+    struct Handle(*mut aggbox_comm);
+    // SAFETY: the tests hand the pointer to another thread, which destroys
+    // it only once the test is done with it.
+    unsafe impl Send for Handle {}
+
+    /// Calls that reach the handle while `aggbox_comm_destroy` is under way
+    /// on another thread fail, and destroy does not free the handle before
+    /// they are done.
+    #[test]
+    fn calls_racing_destroy_fail_and_the_handle_outlives_them() {
+        let comm = one_rank();
+        // The start of a call on this thread, as destroy begins on another:
+        // it holds the handle, not the lock.
+        let racing = unsafe { CommRef::new(comm) }.unwrap();
+        let handle = Handle(comm);
+        let destroy = std::thread::spawn(move || {
+            let handle = handle;
+            crate::boundary::set_last_error("");
+            unsafe { aggbox_comm_destroy(handle.0) };
+            last_error()
+        });
+        // Wait until destroy has taken the communicator out.
+        while racing.comm.try_lock().map_or(true, |comm| comm.is_some()) {
+            std::thread::yield_now();
+        }
+        let err = racing.lock().err().expect("no communicator to lock");
+        assert!(
+            err.to_string().contains("the communicator is being destroyed"),
+            "{err}"
+        );
+        unsafe {
+            // Other calls that reach the handle now fail the same way...
+            assert_eq!(
+                aggbox_barrier(comm),
+                aggbox_status::AGGBOX_ERR_INVALID_ARGUMENT
+            );
+            assert!(
+                last_error().starts_with(
+                    "aggbox_barrier: invalid argument: the communicator is being destroyed"
+                ),
+                "{}",
+                last_error()
+            );
+            assert_eq!(
+                aggbox_comm_stats_status(comm),
+                aggbox_status::AGGBOX_ERR_INVALID_ARGUMENT
+            );
+            // ...a second destroy does nothing...
+            aggbox_comm_destroy(comm);
+            assert!(
+                last_error().starts_with(
+                    "aggbox_comm_destroy: invalid argument: comm is being destroyed"
+                ),
+                "{}",
+                last_error()
+            );
+            // ...and the handle is still there for the getters.
+            assert_eq!(aggbox_comm_rank(comm), 0);
+            assert_eq!(aggbox_comm_size(comm), 1);
+        }
+        std::thread::sleep(std::time::Duration::from_millis(20));
+        assert!(
+            !destroy.is_finished(),
+            "destroy freed the handle while a call held it"
+        );
+        drop(racing);
+        assert_eq!(destroy.join().unwrap(), "", "the first destroy succeeded");
+    }
+
+    /// `aggbox_comm_stats` on `comm`, for its status.
+    unsafe fn aggbox_comm_stats_status(comm: *mut aggbox_comm) -> aggbox_status {
+        use crate::stats::{aggbox_comm_stats, aggbox_stats};
+        let mut stats = unsafe { std::mem::MaybeUninit::<aggbox_stats>::zeroed().assume_init() };
+        stats.size = std::mem::size_of::<aggbox_stats>();
+        unsafe { aggbox_comm_stats(comm, &mut stats) }
+    }
+
+    /// A communicator that an internal error made unusable can still be
+    /// destroyed, as that error says to.
+    #[test]
+    fn a_poisoned_communicator_can_be_destroyed() {
+        let comm = one_rank();
+        let status = status_call("aggbox_barrier", || {
+            let handle = unsafe { CommRef::new(comm) }?;
+            let _guard = handle.lock()?;
+            panic!("in the middle of a barrier");
+        });
+        assert_eq!(status, aggbox_status::AGGBOX_ERR_INTERNAL);
+        unsafe {
+            assert_eq!(aggbox_barrier(comm), aggbox_status::AGGBOX_ERR_INTERNAL);
+            assert_eq!((*comm).calls.load(Ordering::Relaxed), 0, "unwinding counted the call out");
+            crate::boundary::set_last_error("");
+            aggbox_comm_destroy(comm);
+        }
+        assert_eq!(last_error(), "", "destroyed without an error");
     }
 }

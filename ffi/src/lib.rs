@@ -8,7 +8,10 @@
 //!   failure it records a message saying what failed and where, which
 //!   [`aggbox_last_error`] returns on the same thread. A panic never crosses
 //!   the boundary: it becomes `AGGBOX_ERR_INTERNAL` with the panic message.
-//!   `src/boundary.rs` holds the one helper all exports go through.
+//!   Recording the message cannot panic either, even while the thread exits
+//!   (its thread-locals destroyed, when the call comes from a thread-local
+//!   destructor): the message is then dropped. `src/boundary.rs` holds the
+//!   one helper all exports go through.
 //! - **Arguments**: every pointer is checked for NULL (and alignment), every
 //!   length and struct `size` against what this library knows; a C enum is
 //!   taken as its integer and checked, never as a Rust enum.
@@ -16,7 +19,11 @@
 //!   `_destroy`; the library keeps no caller pointer after a call returns.
 //! - **Threads**: a communicator may be used from any thread, one thread at a
 //!   time; a second thread calling while a call is in progress gets
-//!   `AGGBOX_ERR_INVALID_ARGUMENT`, not undefined behaviour.
+//!   `AGGBOX_ERR_INVALID_ARGUMENT`, not undefined behaviour. The exception
+//!   is [`aggbox_comm_destroy`], which frees the handle: racing it with
+//!   another call on the same communicator is a caller bug, which the
+//!   library makes an error where it can (see there), but a call that
+//!   reaches the handle once it is freed is a use after free.
 
 #![warn(missing_docs)]
 #![deny(unsafe_op_in_unsafe_fn)]

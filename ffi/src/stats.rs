@@ -10,8 +10,8 @@ use aggbox_core::{
 };
 
 use crate::{
-    boundary::{sized_struct_size, status_call, try_ref},
-    comm::aggbox_comm,
+    boundary::{sized_struct_size, status_call},
+    comm::{aggbox_comm, CommRef},
     types::{aggbox_datapath, aggbox_status, RawDatapath},
 };
 
@@ -203,7 +203,7 @@ pub unsafe extern "C" fn aggbox_comm_stats(
 ) -> aggbox_status {
     status_call("aggbox_comm_stats", || {
         // SAFETY: the caller's promises.
-        let comm = unsafe { try_ref(comm, "comm") }?;
+        let comm = unsafe { CommRef::new(comm) }?;
         let size =
             unsafe { sized_struct_size(stats.cast_const(), "stats", "aggbox_stats", MIN_SIZE) }?;
         let snapshot = comm.lock()?.stats()?;
