@@ -104,6 +104,7 @@ fn attach_both(cluster: &Cluster) -> Result<Vec<Attachment>, String> {
             mac: cluster.host(i).mac,
             port: aggbox_core::config::DEFAULT_PORT_BASE,
             datapath: Datapath::Kernel,
+            mtu: cluster.mtu(),
         })
         .collect();
     let group = GroupInfo { group: 0xbe4c, token: 0x5eed, peers };

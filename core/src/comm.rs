@@ -131,7 +131,7 @@ impl Comm {
             },
         };
 
-        let me = PeerInfo { rank: config.rank, ipv4: iface.ipv4, mac: iface.mac, port, datapath };
+        let me = PeerInfo { rank: config.rank, ipv4: iface.ipv4, mac: iface.mac, port, datapath, mtu: iface.mtu };
         // The group is registered in the kernel maps before anyone sends.
         let group = rendezvous::rendezvous_with(&config, me, |group| match attachment.as_mut() {
             Some(attachment) => attachment.register_group(group),
@@ -307,8 +307,12 @@ impl Comm {
                 _ => Ok(false),
             },
             Kind::Close if self.rank() == 0 => {
+                // Acknowledged once every rank has closed (`close_root`);
+                // a repeat after that is acknowledged again.
                 self.closed[sender] = true;
-                self.send_control(Kind::CloseAck, 0, sender, false)?;
+                if self.everyone_closed() {
+                    self.send_control(Kind::CloseAck, 0, sender, true)?;
+                }
                 Ok(true)
             }
             _ => Ok(false),
@@ -331,10 +335,17 @@ impl Comm {
         Instant::now() + self.config.timeout
     }
 
-    /// Says goodbye: every other rank tells rank 0 it is done and waits for
-    /// its acknowledgment; rank 0 keeps answering late requests (a lost
-    /// barrier release, say) until every live rank has said so. Bounded by
-    /// the timeout; never fails.
+    /// Whether every rank has closed or is known to have failed.
+    fn everyone_closed(&self) -> bool {
+        (0..self.size()).all(|r| self.closed[r] || self.failed[r])
+    }
+
+    /// Says goodbye, collectively: every other rank tells rank 0 it is done
+    /// and waits for its acknowledgment, which rank 0 sends once every live
+    /// rank has said so. Until then every rank keeps answering late requests
+    /// of finished operations (a lost barrier release, a lost broadcast
+    /// acknowledgment), so no rank leaves while another still needs it.
+    /// Bounded by the timeout; never fails.
     fn close(&mut self) {
         if self.size() == 1 {
             return;
@@ -350,8 +361,7 @@ impl Comm {
         self.closed[0] = true;
         let mut linger_until: Option<Instant> = None;
         loop {
-            let everyone = (0..self.size()).all(|r| self.closed[r] || self.failed[r]);
-            if everyone && linger_until.is_none() {
+            if self.everyone_closed() && linger_until.is_none() {
                 linger_until = Some(Instant::now() + CLOSE_LINGER);
                 // One more acknowledgment each, for any that was lost.
                 for rank in 1..self.size() {
@@ -367,6 +377,12 @@ impl Comm {
                 }
                 None if linger_until.is_some() => return Ok(()),
                 None => {
+                    // Let those who closed go; name those who did not.
+                    for rank in 1..self.size() {
+                        if self.closed[rank] {
+                            self.send_control(Kind::CloseAck, 0, rank, true)?;
+                        }
+                    }
                     let missing: Vec<String> = (0..self.size())
                         .filter(|&r| !self.closed[r] && !self.failed[r])
                         .map(|r| r.to_string())
@@ -393,7 +409,9 @@ impl Comm {
             }
             match self.recv_valid(backoff.due().min(deadline))? {
                 Some(got) if got.kind == Kind::CloseAck => return Ok(()),
-                Some(_) => {}
+                Some(got) => {
+                    self.serve_stale(&got)?;
+                }
                 None if Instant::now() >= deadline => {
                     return Err(Error::PeerFailed {
                         rank: 0,

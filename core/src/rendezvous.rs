@@ -44,6 +44,8 @@ pub struct PeerInfo {
     pub port: u16,
     /// The datapath it runs (kernel or user).
     pub datapath: Datapath,
+    /// The MTU of its interface (the group's chunk size follows the smallest).
+    pub mtu: u32,
 }
 
 impl PeerInfo {
@@ -54,23 +56,25 @@ impl PeerInfo {
 
     fn to_line(&self) -> String {
         format!(
-            "{} {} {} {} {}",
+            "{} {} {} {} {} {}",
             self.rank,
             self.ipv4,
             format_mac(&self.mac),
             self.port,
-            self.datapath.name()
+            self.datapath.name(),
+            self.mtu
         )
     }
 
     fn from_fields(fields: &[&str]) -> Option<PeerInfo> {
-        let [rank, ipv4, mac, port, datapath] = fields else { return None };
+        let [rank, ipv4, mac, port, datapath, mtu] = fields else { return None };
         Some(PeerInfo {
             rank: rank.parse().ok()?,
             ipv4: ipv4.parse().ok()?,
             mac: parse_mac(mac)?,
             port: port.parse().ok()?,
             datapath: Datapath::from_str(datapath).ok()?,
+            mtu: mtu.parse().ok()?,
         })
     }
 }
@@ -372,6 +376,7 @@ mod tests {
             mac: [2, 0, 0, 0, 0, rank as u8],
             port,
             datapath: if rank.is_multiple_of(2) { Datapath::User } else { Datapath::Kernel },
+            mtu: 1500 + rank as u32,
         }
     }
 

@@ -21,7 +21,7 @@ const PEER_IP: Ipv4Addr = Ipv4Addr::new(10, 77, 0, 2);
 const STRANGER_IP: Ipv4Addr = Ipv4Addr::new(10, 77, 0, 9);
 
 fn group() -> GroupInfo {
-    let peer = |rank: usize, ipv4, port| PeerInfo { rank, ipv4, mac: [2, 0, 0, 0, 0, rank as u8 + 1], port, datapath: Datapath::Kernel };
+    let peer = |rank: usize, ipv4, port| PeerInfo { rank, ipv4, mac: [2, 0, 0, 0, 0, rank as u8 + 1], port, datapath: Datapath::Kernel, mtu: 1500 };
     GroupInfo { group: GROUP, token: TOKEN, peers: vec![peer(0, LOCAL_IP, LOCAL_PORT), peer(1, PEER_IP, PEER_PORT)] }
 }
 
