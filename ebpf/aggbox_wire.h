@@ -28,11 +28,17 @@ enum aggbox_kind {
 	AGGBOX_KIND_CLOSE = 3, /* rank -> rank 0: "I am done with every operation" */
 	AGGBOX_KIND_CLOSE_ACK = 4, /* rank 0 -> rank: "got your CLOSE; leave" */
 	AGGBOX_KIND_BARRIER_ABORT = 5, /* rank 0 -> rank: "barrier `seq` failed: rank `count` is gone" */
-	AGGBOX_KIND_MAX = 6, /* first unused value */
+	AGGBOX_KIND_BCAST_DATA = 6, /* root -> receiver: chunk `chunk` of broadcast `seq` */
+	AGGBOX_KIND_BCAST_ACK = 7, /* receiver -> root: "I hold chunk `chunk` of `seq`" */
+	AGGBOX_KIND_BCAST_ABORT = 8, /* any -> any: "broadcast `seq` failed: rank `count`" */
+	AGGBOX_KIND_MAX = 9, /* first unused value */
 };
 
 /* Header flags. */
 #define AGGBOX_FLAG_RETRANSMIT 0x0001 /* this datagram repeats an earlier one */
+#define AGGBOX_FLAG_FANOUT 0x0002 /* BCAST_DATA: TC egress clones it to every member */
+#define AGGBOX_FLAG_GROUP 0x0004 /* BCAST_ACK: every receiver holds chunks [0, chunk) */
+#define AGGBOX_FLAG_MISMATCH 0x0008 /* BCAST_ABORT: the ranks' calls disagree */
 
 /* The fixed header at the start of every AggBox UDP payload (40 bytes). */
 struct aggbox_hdr {
@@ -55,5 +61,8 @@ struct aggbox_hdr {
 
 /* Most ranks a group may have: the sender field and member bitmaps size. */
 #define AGGBOX_MAX_RANKS 256
+
+/* Largest chunk payload: what a window slot of the kernel datapath holds. */
+#define AGGBOX_CHUNK_MAX 4032
 
 #endif /* AGGBOX_WIRE_H */

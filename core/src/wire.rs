@@ -15,6 +15,22 @@ pub const HDR_LEN: usize = 40;
 pub const MAX_RANKS: usize = 256;
 /// Header flag: this datagram repeats an earlier one.
 pub const FLAG_RETRANSMIT: u16 = 0x0001;
+/// Header flag of `BCAST_DATA`: TC egress clones it to every member.
+pub const FLAG_FANOUT: u16 = 0x0002;
+/// Header flag of `BCAST_ACK`: every receiver holds chunks `[0, chunk)`.
+pub const FLAG_GROUP: u16 = 0x0004;
+/// Header flag of `BCAST_ABORT`: the ranks' calls disagree.
+pub const FLAG_MISMATCH: u16 = 0x0008;
+/// Largest chunk payload (a window slot of the kernel datapath).
+pub const CHUNK_MAX: usize = 4032;
+/// IPv4 + UDP + AggBox header bytes in every datagram.
+pub const DATAGRAM_OVERHEAD: usize = 20 + 8 + HDR_LEN;
+
+/// The group's chunk size for a smallest MTU of `mtu` (docs/BROADCAST.md).
+pub fn chunk_size(mtu: u32) -> usize {
+    let room = (mtu as usize).saturating_sub(DATAGRAM_OVERHEAD);
+    (room.min(CHUNK_MAX) / 8 * 8).max(8)
+}
 
 /// Whether sequence number `a` is at or before `b`, in serial-number
 /// arithmetic (RFC 1982): correct across the wrap from `u32::MAX` to 0 as
@@ -37,6 +53,12 @@ pub enum Kind {
     CloseAck = 4,
     /// rank 0 -> rank: "barrier `seq` failed: rank `count` is gone".
     BarrierAbort = 5,
+    /// root -> receiver: chunk `chunk` of broadcast `seq`.
+    BcastData = 6,
+    /// receiver -> root: "I hold chunk `chunk` of `seq`".
+    BcastAck = 7,
+    /// any -> any: "broadcast `seq` failed: rank `count`".
+    BcastAbort = 8,
 }
 
 impl Kind {
@@ -48,6 +70,9 @@ impl Kind {
             3 => Kind::Close,
             4 => Kind::CloseAck,
             5 => Kind::BarrierAbort,
+            6 => Kind::BcastData,
+            7 => Kind::BcastAck,
+            8 => Kind::BcastAbort,
             _ => return None,
         })
     }
@@ -163,8 +188,17 @@ mod tests {
         let mut exprs = vec!["sizeof(struct aggbox_hdr)".to_string(), "AGGBOX_HDR_LEN".into()];
         exprs.extend(fields.iter().map(|f| format!("offsetof(struct aggbox_hdr, {f})")));
         exprs.extend(
-            ["AGGBOX_MAGIC", "AGGBOX_VERSION", "AGGBOX_MAX_RANKS", "AGGBOX_FLAG_RETRANSMIT"]
-                .map(String::from),
+            [
+                "AGGBOX_MAGIC",
+                "AGGBOX_VERSION",
+                "AGGBOX_MAX_RANKS",
+                "AGGBOX_FLAG_RETRANSMIT",
+                "AGGBOX_FLAG_FANOUT",
+                "AGGBOX_FLAG_GROUP",
+                "AGGBOX_FLAG_MISMATCH",
+                "AGGBOX_CHUNK_MAX",
+            ]
+            .map(String::from),
         );
         exprs.extend(
             [
@@ -173,6 +207,9 @@ mod tests {
                 "AGGBOX_KIND_CLOSE",
                 "AGGBOX_KIND_CLOSE_ACK",
                 "AGGBOX_KIND_BARRIER_ABORT",
+                "AGGBOX_KIND_BCAST_DATA",
+                "AGGBOX_KIND_BCAST_ACK",
+                "AGGBOX_KIND_BCAST_ABORT",
                 "AGGBOX_KIND_MAX",
             ]
             .map(String::from),
@@ -198,12 +235,19 @@ mod tests {
             VERSION as u64,
             MAX_RANKS as u64,
             FLAG_RETRANSMIT as u64,
+            FLAG_FANOUT as u64,
+            FLAG_GROUP as u64,
+            FLAG_MISMATCH as u64,
+            CHUNK_MAX as u64,
             Kind::BarrierArrive as u64,
             Kind::BarrierRelease as u64,
             Kind::Close as u64,
             Kind::CloseAck as u64,
             Kind::BarrierAbort as u64,
-            Kind::BarrierAbort as u64 + 1,
+            Kind::BcastData as u64,
+            Kind::BcastAck as u64,
+            Kind::BcastAbort as u64,
+            Kind::BcastAbort as u64 + 1,
         ];
         assert_eq!(rust, c);
     }
@@ -216,6 +260,15 @@ mod tests {
         assert!(seq_at_or_before(u32::MAX, 0));
         assert!(seq_at_or_before(u32::MAX - 3, 2));
         assert!(!seq_at_or_before(2, u32::MAX - 3));
+    }
+
+    #[test]
+    fn chunk_size_follows_the_mtu() {
+        assert_eq!(chunk_size(1500), 1432);
+        assert_eq!(chunk_size(3500), 3432);
+        assert_eq!(chunk_size(9000), CHUNK_MAX);
+        assert_eq!(chunk_size(1499), 1424); // 1431 rounded down to 8
+        assert_eq!(chunk_size(60), 8);
     }
 
     #[test]
