@@ -58,7 +58,12 @@ fn main() {
         let stem = source.file_name().unwrap().to_string_lossy().trim_end_matches(".bpf.c").to_string();
         let object = out_dir.join(format!("{stem}.bpf.o"));
         let mut cmd = Command::new(&clang);
-        cmd.args(["-target", "bpf", "-O2", "-g", "-Wall", "-Werror"])
+        // Programs that fold with atomic fetch-and-add/or need BPF v3; the
+        // others stay on v2, whose code never moves a packet pointer through
+        // a 32-bit register (which the verifier takes for a scalar).
+        let source_text = fs::read_to_string(source).unwrap_or_default();
+        let cpu = if source_text.contains("AGGBOX_NEEDS_ATOMICS") { "-mcpu=v3" } else { "-mcpu=v2" };
+        cmd.args(["-target", "bpf", cpu, "-O2", "-g", "-Wall", "-Werror"])
             .arg(format!("-I{}", src_dir.display()));
         if multiarch.exists() {
             cmd.arg(format!("-I{}", multiarch.display()));

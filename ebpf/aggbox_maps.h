@@ -31,6 +31,59 @@ struct aggbox_port_key {
 
 struct aggbox_port {
 	__u32 group;
+	__u32 ctl; /* index into ab_ctl, or AGGBOX_NO_CTL: no kernel broadcast window */
+};
+
+/*
+ * Kernel broadcast state (docs/BROADCAST.md, "Kernel datapath"). The first
+ * AGGBOX_CTL_SLOTS communicators of a host get a control block in ab_ctl and
+ * a region of the receive and send windows; the process maps all three
+ * (they are BPF_F_MMAPABLE), so setting up an operation needs no syscall.
+ */
+#define AGGBOX_NO_CTL 0xffffffffu
+#define AGGBOX_CTL_SLOTS 8
+#define AGGBOX_RX_SLOTS 1024 /* receive window of one communicator, in chunks (power of 2) */
+#define AGGBOX_TX_SLOTS 512 /* send window of one communicator, in chunks (power of 2) */
+#define AGGBOX_RANK_WORDS (AGGBOX_MAX_RANKS / 64)
+/* A slot tag is (seq << 32 | chunk); while XDP copies a chunk in, BUSY is set. */
+#define AGGBOX_TAG_BUSY 0x80000000u
+
+/* One chunk of the receive window. */
+struct aggbox_rxslot {
+	__u64 tag;
+	__u8 data[AGGBOX_CHUNK_MAX];
+};
+
+/* One chunk of the send window: which receivers hold it. */
+struct aggbox_txslot {
+	__u64 tag; /* written by the root process before it sends the chunk */
+	__u64 bits[AGGBOX_RANK_WORDS];
+	__u32 count; /* receivers that hold it */
+	__u32 reserved;
+};
+
+/* One communicator's control block. */
+struct aggbox_ctl {
+	/* Receiving: armed by the process for broadcast rx_seq (0: none). */
+	__u32 rx_seq;
+	__u32 rx_root;
+	__u32 rx_rank; /* this communicator's rank: the sender of its ACKs */
+	__u32 rx_nchunks;
+	__u32 rx_count; /* total elements, checked against each chunk */
+	__u32 rx_dtype;
+	__u32 rx_chunk_bytes; /* P */
+	__u32 rx_last_bytes; /* bytes of the last chunk */
+	__u32 rx_credit; /* chunks below this may be placed (window room) */
+	__u32 rx_notify; /* notify the process every this many landed chunks */
+	__u32 rx_landed; /* chunks placed (XDP adds) */
+	__u32 rx_reserved;
+	/* Sending (root): armed by the process for broadcast tx_seq (0: none). */
+	__u32 tx_seq;
+	__u32 tx_nchunks;
+	__u32 tx_receivers; /* ranks that must hold every chunk */
+	__u32 tx_notify; /* wake the root every this many chunks held by all */
+	__u32 tx_done; /* chunks held by every receiver (XDP adds) */
+	__u32 tx_reserved;
 };
 
 /* ab_groups: group id -> what a datagram of that group must carry. */
@@ -131,6 +184,63 @@ struct {
 	__type(value, __u64);
 	__uint(pinning, LIBBPF_PIN_BY_NAME);
 } ab_stats SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(map_flags, BPF_F_MMAPABLE);
+	__uint(max_entries, AGGBOX_CTL_SLOTS);
+	__type(key, __u32);
+	__type(value, struct aggbox_ctl);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} ab_ctl SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(map_flags, BPF_F_MMAPABLE);
+	__uint(max_entries, AGGBOX_CTL_SLOTS * AGGBOX_RX_SLOTS);
+	__type(key, __u32);
+	__type(value, struct aggbox_rxslot);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} ab_rxwin SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(map_flags, BPF_F_MMAPABLE);
+	__uint(max_entries, AGGBOX_CTL_SLOTS * AGGBOX_TX_SLOTS);
+	__type(key, __u32);
+	__type(value, struct aggbox_txslot);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} ab_txwin SEC(".maps");
+
+/* Broadcast counters of the host: ab_bstats[stat], per CPU. */
+enum aggbox_bstat {
+	AGGBOX_BSTAT_CLONED = 0, /* TC egress: clones made of FANOUT chunks */
+	AGGBOX_BSTAT_PLACED = 1, /* XDP: chunks copied into a receive window */
+	AGGBOX_BSTAT_ACKS_SENT = 2, /* XDP: ACKs sent back with XDP_TX */
+	AGGBOX_BSTAT_DUPLICATES = 3, /* XDP: chunks or ACKs that repeated one already counted */
+	AGGBOX_BSTAT_ACKS_FOLDED = 4, /* XDP: ACKs folded into a send window and dropped */
+	AGGBOX_BSTAT_GROUP_ACKS = 5, /* XDP: group-ACKs passed up to a root */
+	AGGBOX_BSTAT_LANDED = 6, /* XDP: landed notices passed up to a receiver */
+	AGGBOX_BSTAT_TO_USER = 7, /* XDP: broadcast datagrams left to user space (unarmed, stale, odd) */
+	AGGBOX_BSTAT_MAX = 8,
+};
+
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__uint(max_entries, AGGBOX_BSTAT_MAX);
+	__type(key, __u32);
+	__type(value, __u64);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} ab_bstats SEC(".maps");
+
+static __always_inline void aggbox_bcount(enum aggbox_bstat stat)
+{
+	__u32 idx = stat;
+	__u64 *value = bpf_map_lookup_elem(&ab_bstats, &idx);
+
+	if (value)
+		*value += 1;
+}
 
 static __always_inline void aggbox_count(enum aggbox_prog prog, enum aggbox_stat stat)
 {

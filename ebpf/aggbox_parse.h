@@ -38,6 +38,7 @@ struct aggbox_pkt {
 	struct udphdr *udp;
 	struct aggbox_hdr *hdr;
 	void *payload; /* right after the header */
+	__u32 ctl; /* the local communicator's control block (AGGBOX_NO_CTL: none) */
 };
 
 static __always_inline enum aggbox_verdict aggbox_drop(enum aggbox_prog prog,
@@ -117,6 +118,7 @@ aggbox_classify(void *data, void *data_end, enum aggbox_dir dir, enum aggbox_pro
 	pkt->udp = udp;
 	pkt->hdr = hdr;
 	pkt->payload = hdr + 1;
+	pkt->ctl = port->ctl;
 	return AGGBOX_VALID;
 
 other:

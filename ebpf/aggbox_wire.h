@@ -31,7 +31,8 @@ enum aggbox_kind {
 	AGGBOX_KIND_BCAST_DATA = 6, /* root -> receiver: chunk `chunk` of broadcast `seq` */
 	AGGBOX_KIND_BCAST_ACK = 7, /* receiver -> root: "I hold chunk `chunk` of `seq`" */
 	AGGBOX_KIND_BCAST_ABORT = 8, /* any -> any: "broadcast `seq` failed: rank `count`" */
-	AGGBOX_KIND_MAX = 9, /* first unused value */
+	AGGBOX_KIND_BCAST_LANDED = 9, /* XDP -> its own host's socket: chunks landed in the window */
+	AGGBOX_KIND_MAX = 10, /* first unused value */
 };
 
 /* Header flags. */

@@ -1,12 +1,11 @@
 // SPDX-License-Identifier: GPL-2.0 OR Apache-2.0
 /*
- * TC egress: where a broadcast chunk sent once is cloned to every member
- * (bpf_clone_redirect). Today it checks what our communicators send, drops
- * malformed AggBox datagrams before they reach the wire and lets everything
- * else through.
+ * TC egress: checks what our communicators send (a malformed AggBox datagram
+ * never reaches the wire) and clones each broadcast chunk a kernel root sent
+ * once to every member of its group (aggbox_tc_fanout). Everything else
+ * goes through untouched.
  */
-#include <linux/pkt_cls.h>
-#include "aggbox_parse.h"
+#include "aggbox_bcast.h"
 
 SEC("classifier")
 int aggbox_tc_egress(struct __sk_buff *skb)
@@ -18,10 +17,17 @@ int aggbox_tc_egress(struct __sk_buff *skb)
 	aggbox_skb_pull_headers(skb);
 	data = (void *)(long)skb->data;
 	data_end = (void *)(long)skb->data_end;
-	if (aggbox_classify(data, data_end, AGGBOX_DIR_OUT, AGGBOX_PROG_TC_EGRESS, &pkt) ==
-	    AGGBOX_INVALID)
+	switch (aggbox_classify(data, data_end, AGGBOX_DIR_OUT, AGGBOX_PROG_TC_EGRESS, &pkt)) {
+	case AGGBOX_INVALID:
 		return TC_ACT_SHOT;
-	return TC_ACT_OK;
+	case AGGBOX_VALID:
+		if (skb->mark != AGGBOX_CLONE_MARK && pkt.hdr->kind == AGGBOX_KIND_BCAST_DATA &&
+		    (pkt.hdr->flags & AGGBOX_FLAG_FANOUT))
+			return aggbox_tc_fanout(skb, &pkt);
+		return TC_ACT_OK;
+	default:
+		return TC_ACT_OK;
+	}
 }
 
 char LICENSE[] SEC("license") = "Dual BSD/GPL";

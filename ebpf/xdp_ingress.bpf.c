@@ -1,11 +1,13 @@
 // SPDX-License-Identifier: GPL-2.0 OR Apache-2.0
 /*
- * XDP ingress: the first program an AggBox datagram meets on a host.
- * Today it admits valid datagrams of the groups served here to their socket
- * and drops (and counts) malformed ones and ones from non-members; later
- * stages (placement, ACK folding, aggregation) hang off the VALID branch.
+ * XDP ingress: the first program an AggBox datagram meets on a host. It
+ * drops (and counts) malformed datagrams and ones from non-members, places
+ * broadcast chunks in receive windows and answers them, folds broadcast ACKs
+ * at the root (aggbox_bcast.h), and passes everything else up.
  */
-#include "aggbox_parse.h"
+/* Folding ACKs needs atomic fetch-and-or: build.rs compiles this for BPF v3. */
+#define AGGBOX_NEEDS_ATOMICS 1
+#include "aggbox_bcast.h"
 
 SEC("xdp")
 int aggbox_xdp_ingress(struct xdp_md *ctx)
@@ -18,6 +20,13 @@ int aggbox_xdp_ingress(struct xdp_md *ctx)
 	case AGGBOX_INVALID:
 		return XDP_DROP;
 	case AGGBOX_VALID:
+		if (pkt.ctl >= AGGBOX_CTL_SLOTS)
+			return XDP_PASS;
+		if (pkt.hdr->kind == AGGBOX_KIND_BCAST_DATA)
+			return aggbox_xdp_bcast_data(ctx, &pkt, pkt.ctl);
+		if (pkt.hdr->kind == AGGBOX_KIND_BCAST_ACK)
+			return aggbox_xdp_bcast_ack(ctx, &pkt, pkt.ctl);
+		return XDP_PASS;
 	case AGGBOX_OTHER:
 	default:
 		return XDP_PASS;

@@ -34,6 +34,7 @@ pub mod stats;
 pub mod testrun;
 pub mod transport;
 pub mod wire;
+pub mod window;
 
 #[cfg(test)]
 mod layout_check;

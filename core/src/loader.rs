@@ -45,12 +45,14 @@ use aya::{
 use crate::{
     bpf,
     maps::{
-        names, GroupValue, MemberKey, MemberValue, PortKey, PortValue, Prog, UserKey, UserValue, STAT_MAX,
+        names, GroupValue, MemberKey, MemberValue, PortKey, PortValue, Prog, UserKey, UserValue, BSTAT_NAMES,
+        CTL_SLOTS, NO_CTL, STAT_MAX,
     },
     netif::Interface,
     rendezvous::GroupInfo,
     stats::KernelStats,
     error::chain,
+    window::Windows,
     Error, Result,
 };
 
@@ -248,6 +250,10 @@ pub(crate) struct SharedMaps {
     members: HashMap<MapData, MemberKey, MemberValue>,
     users: HashMap<MapData, UserKey, UserValue>,
     stats: PerCpuArray<MapData, u64>,
+    bstats: PerCpuArray<MapData, u64>,
+    ctl: MapData,
+    rxwin: MapData,
+    txwin: MapData,
 }
 
 fn open_pinned(dir: &Path, name: &str) -> Result<Map> {
@@ -255,6 +261,12 @@ fn open_pinned(dir: &Path, name: &str) -> Result<Map> {
     let data = MapData::from_pin(&path)
         .map_err(|e| Error::system(format!("opening pinned map {}", path.display()), io::Error::other(chain(&e))))?;
     Map::from_map_data(data).map_err(|e| Error::Internal(format!("pinned map {name}: {e}")))
+}
+
+fn open_pinned_data(dir: &Path, name: &str) -> Result<MapData> {
+    let path = dir.join(name);
+    MapData::from_pin(&path)
+        .map_err(|e| Error::system(format!("opening pinned map {}", path.display()), io::Error::other(chain(&e))))
 }
 
 fn map_error(what: impl Into<String>) -> impl FnOnce(aya::maps::MapError) -> Error {
@@ -272,6 +284,10 @@ impl SharedMaps {
             members: HashMap::try_from(typed(names::MEMBERS)?).map_err(wrong(names::MEMBERS))?,
             users: HashMap::try_from(typed(names::USERS)?).map_err(wrong(names::USERS))?,
             stats: PerCpuArray::try_from(typed(names::STATS)?).map_err(wrong(names::STATS))?,
+            bstats: PerCpuArray::try_from(typed(names::BSTATS)?).map_err(wrong(names::BSTATS))?,
+            ctl: open_pinned_data(dir, names::CTL)?,
+            rxwin: open_pinned_data(dir, names::RXWIN)?,
+            txwin: open_pinned_data(dir, names::TXWIN)?,
         })
     }
 
@@ -324,9 +340,31 @@ impl SharedMaps {
         Ok(())
     }
 
-    /// Makes `port` a port of `group`.
-    pub(crate) fn insert_port(&mut self, port: PortKey, group: u32) -> Result<()> {
-        self.ports.insert(port, PortValue { group }, 0).map_err(map_error("registering the port"))
+    /// Makes `port` a port of `group`, with broadcast control block `ctl`.
+    pub(crate) fn insert_port(&mut self, port: PortKey, group: u32, ctl: u32) -> Result<()> {
+        self.ports.insert(port, PortValue { group, ctl }, 0).map_err(map_error("registering the port"))
+    }
+
+    /// The lowest control block no registered port uses, if any is free.
+    fn free_ctl(&self) -> Option<u32> {
+        let used: Vec<u32> = self.ports.iter().filter_map(|e| e.ok()).map(|(_, v)| v.ctl).collect();
+        (0..CTL_SLOTS).find(|i| !used.contains(i))
+    }
+
+    /// Maps the windows of control block `index`.
+    pub(crate) fn windows(&self, index: u32) -> Result<Windows> {
+        use std::os::fd::AsFd;
+        Windows::map(index, self.ctl.fd().as_fd(), self.rxwin.fd().as_fd(), self.txwin.fd().as_fd())
+    }
+
+    /// The broadcast counters.
+    pub(crate) fn broadcast_stats(&self) -> Result<[u64; BSTAT_NAMES.len()]> {
+        let mut out = [0u64; BSTAT_NAMES.len()];
+        for (i, value) in out.iter_mut().enumerate() {
+            let values = self.bstats.get(&(i as u32), 0).map_err(map_error("reading ab_bstats"))?;
+            *value = values.iter().sum();
+        }
+        Ok(out)
     }
 
     /// Removes `port` if it still serves `group` (another communicator may
@@ -503,6 +541,7 @@ pub struct Attachment {
     key: UserKey,
     user: UserValue,
     maps: SharedMaps,
+    windows: Option<Windows>,
 }
 
 impl Attachment {
@@ -549,7 +588,7 @@ impl Attachment {
             return Err(e);
         }
         tracing::info!(iface = %iface.name, mode = mode.name(), shared_with = live, "AggBox programs attached");
-        Ok(Attachment { dir, iface: iface.name.clone(), ipv4, mode, shared_with: live, key, user, maps })
+        Ok(Attachment { dir, iface: iface.name.clone(), ipv4, mode, shared_with: live, key, user, maps, windows: None })
     }
 
     /// Registers `group` (made by rendezvous) for this communicator's port:
@@ -561,9 +600,22 @@ impl Attachment {
         self.user.group = group.group;
         maps.users.insert(self.key, self.user, 0).map_err(map_error("registering this process's group"))?;
         maps.insert_group(group)?;
+        // A broadcast control block and windows, while any is free.
+        let ctl = match maps.free_ctl() {
+            Some(index) => {
+                let windows = maps.windows(index)?;
+                windows.reset();
+                self.windows = Some(windows);
+                index
+            }
+            None => {
+                tracing::info!(iface = %self.iface, "no free kernel broadcast window: broadcasts of this communicator run in user space");
+                NO_CTL
+            }
+        };
         // Last: from here on the programs treat the port as AggBox's.
         let port = PortKey { ipv4: self.ipv4, port: self.key.port, reserved: 0 };
-        maps.insert_port(port, group.group)
+        maps.insert_port(port, group.group, ctl)
     }
 
     fn port_key(&self) -> PortKey {
@@ -594,6 +646,18 @@ impl Attachment {
     /// The kernel counters of the programs on this interface.
     pub fn kernel_stats(&self) -> Result<KernelStats> {
         self.maps.kernel_stats()
+    }
+
+    /// The broadcast counters of the programs on this interface, indexed
+    /// like [`BSTAT_NAMES`].
+    pub fn broadcast_stats(&self) -> Result<[u64; BSTAT_NAMES.len()]> {
+        self.maps.broadcast_stats()
+    }
+
+    /// This communicator's kernel broadcast windows, if it got a control
+    /// block (the first [`CTL_SLOTS`] communicators of a host do).
+    pub fn windows(&self) -> Option<&Windows> {
+        self.windows.as_ref()
     }
 
     /// Unregisters; detaches when no live user is left. Caller holds the lock.

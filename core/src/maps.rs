@@ -13,8 +13,16 @@ pub mod names {
     pub const USERS: &str = "ab_users";
     /// Per-CPU counters.
     pub const STATS: &str = "ab_stats";
+    /// Per-CPU broadcast counters.
+    pub const BSTATS: &str = "ab_bstats";
+    /// Broadcast control blocks (mmapable).
+    pub const CTL: &str = "ab_ctl";
+    /// Broadcast receive windows (mmapable).
+    pub const RXWIN: &str = "ab_rxwin";
+    /// Broadcast send windows (mmapable).
+    pub const TXWIN: &str = "ab_txwin";
     /// Every pinned map.
-    pub const ALL: [&str; 5] = [PORTS, GROUPS, MEMBERS, USERS, STATS];
+    pub const ALL: [&str; 9] = [PORTS, GROUPS, MEMBERS, USERS, STATS, BSTATS, CTL, RXWIN, TXWIN];
 }
 
 /// `struct aggbox_port_key`.
@@ -35,7 +43,90 @@ pub struct PortKey {
 pub struct PortValue {
     /// The group this port's communicator serves.
     pub group: u32,
+    /// Its control block in `ab_ctl`, or [`NO_CTL`].
+    pub ctl: u32,
 }
+
+/// `AGGBOX_NO_CTL`: a communicator without kernel broadcast windows.
+pub const NO_CTL: u32 = u32::MAX;
+/// `AGGBOX_CTL_SLOTS`: communicators per host with kernel broadcast windows.
+pub const CTL_SLOTS: u32 = 8;
+/// `AGGBOX_RX_SLOTS`: chunks in one communicator's receive window.
+pub const RX_SLOTS: u32 = 1024;
+/// `AGGBOX_TX_SLOTS`: chunks in one communicator's send window.
+pub const TX_SLOTS: u32 = 512;
+/// `AGGBOX_TAG_BUSY`: set in a receive slot's tag while XDP copies into it.
+pub const TAG_BUSY: u64 = 0x8000_0000;
+
+/// `struct aggbox_rxslot`: one chunk of a receive window.
+#[derive(Clone, Copy)]
+#[repr(C)]
+pub struct RxSlot {
+    /// `seq << 32 | chunk` of what it holds ([`TAG_BUSY`] while being written).
+    pub tag: u64,
+    /// The chunk's bytes.
+    pub data: [u8; crate::wire::CHUNK_MAX],
+}
+
+/// `struct aggbox_txslot`: which receivers hold one chunk of a send window.
+#[derive(Clone, Copy, Debug, Default)]
+#[repr(C)]
+pub struct TxSlot {
+    /// `seq << 32 | chunk` of the chunk it tracks.
+    pub tag: u64,
+    /// One bit per rank.
+    pub bits: [u64; crate::wire::MAX_RANKS / 64],
+    /// How many receivers hold it.
+    pub count: u32,
+    /// Zero.
+    pub reserved: u32,
+}
+
+/// `struct aggbox_ctl`: one communicator's broadcast control block.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[repr(C)]
+pub struct Ctl {
+    /// Receiving: the broadcast armed (0: none).
+    pub rx_seq: u32,
+    /// Its root.
+    pub rx_root: u32,
+    /// This communicator's rank.
+    pub rx_rank: u32,
+    /// Its chunks.
+    pub rx_nchunks: u32,
+    /// Its total elements.
+    pub rx_count: u32,
+    /// Its element type.
+    pub rx_dtype: u32,
+    /// The chunk size.
+    pub rx_chunk_bytes: u32,
+    /// Bytes of the last chunk.
+    pub rx_last_bytes: u32,
+    /// Chunks below this may be placed.
+    pub rx_credit: u32,
+    /// Notify every this many landed chunks.
+    pub rx_notify: u32,
+    /// Chunks placed (XDP adds).
+    pub rx_landed: u32,
+    /// Zero.
+    pub rx_reserved: u32,
+    /// Sending: the broadcast armed (0: none).
+    pub tx_seq: u32,
+    /// Its chunks.
+    pub tx_nchunks: u32,
+    /// Ranks that must hold every chunk.
+    pub tx_receivers: u32,
+    /// Wake the root every this many chunks held by all.
+    pub tx_notify: u32,
+    /// Chunks held by every receiver (XDP adds).
+    pub tx_done: u32,
+    /// Zero.
+    pub tx_reserved: u32,
+}
+
+/// Broadcast counters (`enum aggbox_bstat`), in index order.
+pub const BSTAT_NAMES: [&str; 8] =
+    ["cloned", "placed", "acks_sent", "duplicates", "acks_folded", "group_acks", "landed", "to_user"];
 
 /// `struct aggbox_group`.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -103,6 +194,7 @@ pub struct UserValue {
 // matter to the kernel (reserved fields are explicit), valid for any bits.
 unsafe impl aya::Pod for PortKey {}
 unsafe impl aya::Pod for PortValue {}
+unsafe impl aya::Pod for Ctl {}
 unsafe impl aya::Pod for GroupValue {}
 unsafe impl aya::Pod for MemberKey {}
 unsafe impl aya::Pod for MemberValue {}
@@ -163,6 +255,23 @@ mod tests {
             "sizeof(struct aggbox_port_key)",
             "offsetof(struct aggbox_port_key, port)",
             "sizeof(struct aggbox_port)",
+            "offsetof(struct aggbox_port, ctl)",
+            "AGGBOX_NO_CTL",
+            "AGGBOX_CTL_SLOTS",
+            "AGGBOX_RX_SLOTS",
+            "AGGBOX_TX_SLOTS",
+            "AGGBOX_TAG_BUSY",
+            "sizeof(struct aggbox_rxslot)",
+            "offsetof(struct aggbox_rxslot, data)",
+            "sizeof(struct aggbox_txslot)",
+            "offsetof(struct aggbox_txslot, count)",
+            "sizeof(struct aggbox_ctl)",
+            "offsetof(struct aggbox_ctl, rx_credit)",
+            "offsetof(struct aggbox_ctl, rx_landed)",
+            "offsetof(struct aggbox_ctl, tx_seq)",
+            "offsetof(struct aggbox_ctl, tx_done)",
+            "AGGBOX_BSTAT_MAX",
+            "AGGBOX_BSTAT_TO_USER",
             "offsetof(struct aggbox_port, group)",
             "sizeof(struct aggbox_group)",
             "offsetof(struct aggbox_group, token)",
@@ -193,6 +302,23 @@ mod tests {
             size_of::<PortKey>(),
             offset_of!(PortKey, port),
             size_of::<PortValue>(),
+            offset_of!(PortValue, ctl),
+            NO_CTL as usize,
+            CTL_SLOTS as usize,
+            RX_SLOTS as usize,
+            TX_SLOTS as usize,
+            TAG_BUSY as usize,
+            size_of::<RxSlot>(),
+            offset_of!(RxSlot, data),
+            size_of::<TxSlot>(),
+            offset_of!(TxSlot, count),
+            size_of::<Ctl>(),
+            offset_of!(Ctl, rx_credit),
+            offset_of!(Ctl, rx_landed),
+            offset_of!(Ctl, tx_seq),
+            offset_of!(Ctl, tx_done),
+            BSTAT_NAMES.len(),
+            BSTAT_NAMES.iter().position(|n| *n == "to_user").unwrap(),
             offset_of!(PortValue, group),
             size_of::<GroupValue>(),
             offset_of!(GroupValue, token),

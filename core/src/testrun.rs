@@ -147,7 +147,29 @@ impl Harness {
     pub fn register(&mut self, ipv4: std::net::Ipv4Addr, port: u16, group: &GroupInfo) -> Result<()> {
         self.maps.insert_group(group)?;
         let key = crate::maps::PortKey { ipv4: u32::from(ipv4).to_be(), port, reserved: 0 };
-        self.maps.insert_port(key, group.group)
+        self.maps.insert_port(key, group.group, crate::maps::NO_CTL)
+    }
+
+    /// Registers `group` on `ipv4:port` with broadcast control block
+    /// `ctl`, and maps that block's windows (cleared).
+    pub fn register_with_windows(
+        &mut self,
+        ipv4: std::net::Ipv4Addr,
+        port: u16,
+        group: &GroupInfo,
+        ctl: u32,
+    ) -> Result<crate::window::Windows> {
+        self.maps.insert_group(group)?;
+        let key = crate::maps::PortKey { ipv4: u32::from(ipv4).to_be(), port, reserved: 0 };
+        self.maps.insert_port(key, group.group, ctl)?;
+        let windows = self.maps.windows(ctl)?;
+        windows.reset();
+        Ok(windows)
+    }
+
+    /// The broadcast counters, indexed like [`crate::maps::BSTAT_NAMES`].
+    pub fn broadcast_stats(&self) -> Result<[u64; crate::maps::BSTAT_NAMES.len()]> {
+        self.maps.broadcast_stats()
     }
 
     /// Runs `prog` on `frame`.

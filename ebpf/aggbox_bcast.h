@@ -1,0 +1,305 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/*
+ * The kernel datapath of broadcast (docs/BROADCAST.md, "Kernel datapath"):
+ * - aggbox_tc_fanout: TC egress clones a FANOUT chunk to every member;
+ * - aggbox_xdp_bcast_data: XDP places a chunk in the receive window and
+ *   answers it with an ACK by XDP_TX (or, for the chunk that completes a
+ *   notification step, passes a LANDED notice up instead);
+ * - aggbox_xdp_bcast_ack: XDP folds ACKs at the root and passes one
+ *   group-ACK up per notification step.
+ * Anything these do not handle (an unarmed, stale or odd datagram) goes up
+ * to the socket unchanged, where user space runs the same protocol.
+ * Broadcast datagrams carry no IP options (AggBox sends none); one with
+ * options is left to user space.
+ */
+#ifndef AGGBOX_BCAST_H
+#define AGGBOX_BCAST_H
+
+#include <linux/pkt_cls.h>
+#include "aggbox_parse.h"
+
+/* skb->mark of the clones TC egress makes, so they are not cloned again. */
+#define AGGBOX_CLONE_MARK 0xab0c1047u
+
+/* Byte offsets in a frame whose IPv4 header has no options. */
+#define AGGBOX_OFF_ETH_DST 0
+#define AGGBOX_OFF_IP (sizeof(struct ethhdr))
+#define AGGBOX_OFF_IP_CSUM (AGGBOX_OFF_IP + offsetof(struct iphdr, check))
+#define AGGBOX_OFF_IP_DST (AGGBOX_OFF_IP + offsetof(struct iphdr, daddr))
+#define AGGBOX_OFF_UDP (AGGBOX_OFF_IP + sizeof(struct iphdr))
+#define AGGBOX_OFF_UDP_DPORT (AGGBOX_OFF_UDP + offsetof(struct udphdr, dest))
+#define AGGBOX_OFF_UDP_CSUM (AGGBOX_OFF_UDP + offsetof(struct udphdr, check))
+#define AGGBOX_OFF_PAYLOAD (AGGBOX_OFF_UDP + sizeof(struct udphdr) + AGGBOX_HDR_LEN)
+
+static __always_inline __u64 aggbox_tag(__u32 seq, __u32 chunk)
+{
+	return ((__u64)seq << 32) | chunk;
+}
+
+/* RFC 1624: the checksum after a 16-bit field changed from old to new. */
+static __always_inline __u16 aggbox_csum_replace2(__u16 check, __u16 old, __u16 new)
+{
+	__u32 sum = (~bpf_ntohs(check) & 0xffff) + (~bpf_ntohs(old) & 0xffff) + bpf_ntohs(new);
+
+	sum = (sum & 0xffff) + (sum >> 16);
+	sum = (sum & 0xffff) + (sum >> 16);
+	return bpf_htons(~sum & 0xffff);
+}
+
+/* ---- TC egress: fan-out --------------------------------------------------- */
+
+/* Points the skb at `to`: destination MAC, IPv4 address and UDP port, with
+ * both checksums fixed. `cur_ip` and `cur_port` (network order) are what it
+ * is addressed to now. */
+static __always_inline int aggbox_retarget(struct __sk_buff *skb, struct aggbox_member *to,
+					   __u32 *cur_ip, __u16 *cur_port)
+{
+	__u16 port = bpf_htons(to->port);
+
+	if (bpf_skb_store_bytes(skb, AGGBOX_OFF_ETH_DST, to->mac, ETH_ALEN, 0))
+		return -1;
+	if (bpf_l4_csum_replace(skb, AGGBOX_OFF_UDP_CSUM, *cur_ip, to->ipv4,
+				BPF_F_PSEUDO_HDR | BPF_F_MARK_MANGLED_0 | sizeof(__u32)))
+		return -1;
+	if (bpf_l3_csum_replace(skb, AGGBOX_OFF_IP_CSUM, *cur_ip, to->ipv4, sizeof(__u32)))
+		return -1;
+	if (bpf_skb_store_bytes(skb, AGGBOX_OFF_IP_DST, &to->ipv4, sizeof(__u32), 0))
+		return -1;
+	if (bpf_l4_csum_replace(skb, AGGBOX_OFF_UDP_CSUM, *cur_port, port,
+				BPF_F_MARK_MANGLED_0 | sizeof(__u16)))
+		return -1;
+	if (bpf_skb_store_bytes(skb, AGGBOX_OFF_UDP_DPORT, &port, sizeof(__u16), 0))
+		return -1;
+	*cur_ip = to->ipv4;
+	*cur_port = port;
+	return 0;
+}
+
+/*
+ * A FANOUT chunk leaves the root addressed to rank (root + 1) % size. Clone
+ * it to ranks (root + 2) % size … (root + size - 1) % size, then let the
+ * original go to its first destination again.
+ */
+static __always_inline int aggbox_tc_fanout(struct __sk_buff *skb, struct aggbox_pkt *pkt)
+{
+	struct aggbox_member_key key;
+	struct aggbox_member *member;
+	struct aggbox_group *group;
+	__u32 cur_ip, root, size, i;
+	__u16 cur_port;
+	__u32 mark = skb->mark;
+
+	if (pkt->ip->ihl != 5)
+		return TC_ACT_OK; /* not ours to clone: no options expected */
+	key.group = pkt->hdr->group;
+	root = pkt->hdr->sender;
+	cur_ip = pkt->ip->daddr;
+	cur_port = pkt->udp->dest;
+	group = bpf_map_lookup_elem(&ab_groups, &key.group);
+	if (!group)
+		return TC_ACT_OK;
+	size = group->size;
+	if (size > AGGBOX_MAX_RANKS)
+		return TC_ACT_OK;
+
+	/* pkt's pointers are invalid from the first helper call on. */
+	for (i = 2; i < AGGBOX_MAX_RANKS; i++) {
+		if (i >= size)
+			break;
+		key.rank = (root + i) % size;
+		member = bpf_map_lookup_elem(&ab_members, &key);
+		if (!member || aggbox_retarget(skb, member, &cur_ip, &cur_port))
+			return TC_ACT_SHOT;
+		skb->mark = AGGBOX_CLONE_MARK;
+		if (bpf_clone_redirect(skb, skb->ifindex, 0) == 0)
+			aggbox_bcount(AGGBOX_BSTAT_CLONED);
+		skb->mark = mark;
+	}
+	if (size > 2) {
+		key.rank = (root + 1) % size;
+		member = bpf_map_lookup_elem(&ab_members, &key);
+		if (!member || aggbox_retarget(skb, member, &cur_ip, &cur_port))
+			return TC_ACT_SHOT;
+	}
+	return TC_ACT_OK;
+}
+
+/* ---- XDP: turning a datagram around ---------------------------------------- */
+
+/*
+ * Cuts the payload after the AggBox header off and fixes the IPv4 and UDP
+ * lengths (the UDP checksum becomes 0: none, as IPv4 allows). Returns the
+ * header, re-derived, or NULL.
+ */
+static __always_inline struct aggbox_hdr *aggbox_xdp_strip(struct xdp_md *ctx, __u32 payload_len)
+{
+	void *data, *data_end;
+	struct iphdr *ip;
+	struct udphdr *udp;
+	struct aggbox_hdr *hdr;
+	__u16 old_len, new_len;
+
+	if (payload_len && bpf_xdp_adjust_tail(ctx, -(int)payload_len))
+		return NULL;
+	data = (void *)(long)ctx->data;
+	data_end = (void *)(long)ctx->data_end;
+	ip = data + sizeof(struct ethhdr);
+	udp = (void *)(ip + 1);
+	hdr = (void *)(udp + 1);
+	if ((void *)(hdr + 1) > data_end)
+		return NULL;
+	old_len = ip->tot_len;
+	new_len = bpf_htons(sizeof(*ip) + sizeof(*udp) + sizeof(*hdr));
+	ip->check = aggbox_csum_replace2(ip->check, old_len, new_len);
+	ip->tot_len = new_len;
+	udp->len = bpf_htons(sizeof(*udp) + sizeof(*hdr));
+	udp->check = 0;
+	return hdr;
+}
+
+/* Sends the (stripped) datagram back where it came from, as `hdr`'s ACK. */
+static __always_inline int aggbox_xdp_bounce(struct xdp_md *ctx)
+{
+	void *data = (void *)(long)ctx->data;
+	void *data_end = (void *)(long)ctx->data_end;
+	struct ethhdr *eth = data;
+	struct iphdr *ip = (void *)(eth + 1);
+	struct udphdr *udp = (void *)(ip + 1);
+	__u8 mac[ETH_ALEN];
+	__u32 addr;
+	__u16 port;
+
+	if ((void *)(udp + 1) > data_end)
+		return XDP_DROP;
+	__builtin_memcpy(mac, eth->h_dest, ETH_ALEN);
+	__builtin_memcpy(eth->h_dest, eth->h_source, ETH_ALEN);
+	__builtin_memcpy(eth->h_source, mac, ETH_ALEN);
+	addr = ip->daddr; /* swapping leaves the IPv4 checksum as it is */
+	ip->daddr = ip->saddr;
+	ip->saddr = addr;
+	port = udp->dest;
+	udp->dest = udp->source;
+	udp->source = port;
+	return XDP_TX;
+}
+
+/* ---- XDP: receiver ------------------------------------------------------------ */
+
+static __always_inline int aggbox_xdp_bcast_data(struct xdp_md *ctx, struct aggbox_pkt *pkt, __u32 ctl_idx)
+{
+	struct aggbox_hdr *hdr = pkt->hdr;
+	struct aggbox_ctl *ctl;
+	struct aggbox_rxslot *slot;
+	__u32 seq = hdr->seq, chunk = hdr->chunk, len, want, slot_idx, landed;
+	__u64 tag, busy, cur;
+	__u16 rank;
+
+	ctl = bpf_map_lookup_elem(&ab_ctl, &ctl_idx);
+	if (!ctl || pkt->ip->ihl != 5)
+		goto to_user;
+	len = bpf_ntohs(pkt->udp->len) - sizeof(struct udphdr) - sizeof(*hdr);
+	/* Only the broadcast the process armed, exactly as it called it. */
+	if (ctl->rx_seq == 0 || seq != ctl->rx_seq || hdr->sender != ctl->rx_root ||
+	    hdr->nchunks != ctl->rx_nchunks || hdr->count != ctl->rx_count || hdr->dtype != ctl->rx_dtype ||
+	    chunk >= ctl->rx_nchunks || chunk >= ctl->rx_credit)
+		goto to_user;
+	want = chunk + 1 == ctl->rx_nchunks ? ctl->rx_last_bytes : ctl->rx_chunk_bytes;
+	if (len != want || len > AGGBOX_CHUNK_MAX)
+		goto to_user;
+
+	slot_idx = ctl_idx * AGGBOX_RX_SLOTS + (chunk & (AGGBOX_RX_SLOTS - 1));
+	slot = bpf_map_lookup_elem(&ab_rxwin, &slot_idx);
+	if (!slot)
+		goto to_user;
+	tag = aggbox_tag(seq, chunk);
+	busy = tag | ((__u64)AGGBOX_TAG_BUSY);
+	cur = slot->tag;
+	if (cur == tag || cur == busy) {
+		aggbox_bcount(AGGBOX_BSTAT_DUPLICATES); /* its ACK was lost: ACK again */
+		goto ack;
+	}
+	if (__sync_val_compare_and_swap(&slot->tag, cur, busy) != cur) {
+		aggbox_bcount(AGGBOX_BSTAT_DUPLICATES); /* another CPU took it */
+		goto ack;
+	}
+	if (len > 0 && len <= AGGBOX_CHUNK_MAX && bpf_xdp_load_bytes(ctx, AGGBOX_OFF_PAYLOAD, slot->data, len))
+		goto to_user_busy;
+	__sync_lock_test_and_set(&slot->tag, tag); /* published: the process may copy it */
+	aggbox_bcount(AGGBOX_BSTAT_PLACED);
+	landed = __sync_fetch_and_add(&ctl->rx_landed, 1) + 1;
+	rank = ctl->rx_rank;
+	if (landed == ctl->rx_nchunks || (ctl->rx_notify && landed % ctl->rx_notify == 0)) {
+		hdr = aggbox_xdp_strip(ctx, len);
+		if (!hdr)
+			return XDP_DROP;
+		hdr->kind = AGGBOX_KIND_BCAST_LANDED;
+		hdr->count = landed;
+		aggbox_bcount(AGGBOX_BSTAT_LANDED);
+		return XDP_PASS; /* the process's one wake-up for these chunks */
+	}
+	goto reply;
+
+ack:
+	rank = ctl->rx_rank;
+	len = bpf_ntohs(pkt->udp->len) - sizeof(struct udphdr) - sizeof(*hdr);
+reply:
+	hdr = aggbox_xdp_strip(ctx, len);
+	if (!hdr)
+		return XDP_DROP;
+	hdr->kind = AGGBOX_KIND_BCAST_ACK;
+	hdr->sender = rank;
+	hdr->flags = 0;
+	aggbox_bcount(AGGBOX_BSTAT_ACKS_SENT);
+	return aggbox_xdp_bounce(ctx);
+
+to_user_busy:
+	slot->tag = cur; /* give the slot back as it was */
+to_user:
+	aggbox_bcount(AGGBOX_BSTAT_TO_USER);
+	return XDP_PASS;
+}
+
+/* ---- XDP: root ----------------------------------------------------------------- */
+
+static __always_inline int aggbox_xdp_bcast_ack(struct xdp_md *ctx, struct aggbox_pkt *pkt, __u32 ctl_idx)
+{
+	struct aggbox_hdr *hdr = pkt->hdr;
+	struct aggbox_ctl *ctl;
+	struct aggbox_txslot *slot;
+	__u32 seq = hdr->seq, chunk = hdr->chunk, slot_idx, word, count, done;
+	__u64 bit, old;
+
+	ctl = bpf_map_lookup_elem(&ab_ctl, &ctl_idx);
+	if (!ctl || hdr->flags || ctl->tx_seq == 0 || seq != ctl->tx_seq || chunk >= ctl->tx_nchunks)
+		goto to_user;
+	slot_idx = ctl_idx * AGGBOX_TX_SLOTS + (chunk & (AGGBOX_TX_SLOTS - 1));
+	slot = bpf_map_lookup_elem(&ab_txwin, &slot_idx);
+	if (!slot || slot->tag != aggbox_tag(seq, chunk))
+		goto to_user;
+	word = (hdr->sender / 64) & (AGGBOX_RANK_WORDS - 1);
+	bit = 1ULL << (hdr->sender % 64);
+	old = __sync_fetch_and_or(&slot->bits[word], bit);
+	if (old & bit) {
+		aggbox_bcount(AGGBOX_BSTAT_DUPLICATES);
+		return XDP_DROP;
+	}
+	aggbox_bcount(AGGBOX_BSTAT_ACKS_FOLDED);
+	count = __sync_fetch_and_add(&slot->count, 1) + 1;
+	if (count != ctl->tx_receivers)
+		return XDP_DROP;
+	done = __sync_fetch_and_add(&ctl->tx_done, 1) + 1;
+	if (done != ctl->tx_nchunks && (!ctl->tx_notify || done % ctl->tx_notify))
+		return XDP_DROP;
+	/* The group-ACK: the root's one wake-up for these chunks. */
+	hdr->flags = AGGBOX_FLAG_GROUP;
+	hdr->count = done;
+	pkt->udp->check = 0;
+	aggbox_bcount(AGGBOX_BSTAT_GROUP_ACKS);
+	return XDP_PASS;
+
+to_user:
+	aggbox_bcount(AGGBOX_BSTAT_TO_USER);
+	return XDP_PASS;
+}
+
+#endif /* AGGBOX_BCAST_H */
