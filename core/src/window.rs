@@ -107,6 +107,19 @@ impl Windows {
         unsafe { &*(self.rx_slot(chunk).cast::<AtomicU64>()) }
     }
 
+    /// Copies the bytes in chunk `chunk`'s receive slot into `dst` (at most
+    /// [`crate::wire::CHUNK_MAX`]). Read the tag first ([`Windows::rx_tag`],
+    /// with `Acquire`) to know the slot holds that chunk.
+    pub fn copy_rx(&self, chunk: u32, dst: &mut [u8]) {
+        let len = dst.len().min(crate::wire::CHUNK_MAX);
+        // SAFETY: the data field of a slot inside the mapping, at least len
+        // bytes long; dst is ours and does not overlap the mapping.
+        unsafe {
+            let src = std::ptr::addr_of!((*self.rx_slot(chunk)).data).cast::<u8>();
+            std::ptr::copy_nonoverlapping(src, dst.as_mut_ptr(), len);
+        }
+    }
+
     /// The send slot of chunk `chunk`.
     pub fn tx_slot(&self, chunk: u32) -> *mut TxSlot {
         let slot = self.index * TX_SLOTS + (chunk & (TX_SLOTS - 1));

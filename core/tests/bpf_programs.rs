@@ -61,6 +61,12 @@ fn ipv4(protocol: u8, src: Ipv4Addr, dst: Ipv4Addr, payload: &[u8]) -> Vec<u8> {
     ip.extend_from_slice(&[0, 1, 0x40, 0, 64, protocol, 0, 0]); // id, DF, ttl, proto, csum
     ip.extend_from_slice(&src.octets());
     ip.extend_from_slice(&dst.octets());
+    // The header checksum, as RFC 791 defines it.
+    let mut sum: u32 = ip.chunks(2).map(|w| u32::from(u16::from_be_bytes([w[0], w[1]]))).sum();
+    while sum > 0xffff {
+        sum = (sum & 0xffff) + (sum >> 16);
+    }
+    ip[10..12].copy_from_slice(&(!(sum as u16)).to_be_bytes());
     ip.extend_from_slice(payload);
     ethernet(0x0800, &ip)
 }
@@ -189,4 +195,191 @@ fn truncated_ip_and_udp_headers_pass_as_not_ours() {
         let out = h.run(Prog::XdpIngress, &full[..cut]).unwrap();
         assert_eq!(out.retval, xdp::PASS, "cut at {cut}");
     }
+}
+
+// ---- Broadcast (docs/BROADCAST.md, "Kernel datapath") ----------------------
+
+use aggbox_core::maps::{Ctl, BSTAT_NAMES};
+
+const BCAST_DATA: u8 = 6;
+const BCAST_ACK: u8 = 7;
+const BCAST_LANDED: u8 = 9;
+const FLAG_GROUP: u16 = 0x0004;
+const CTL: u32 = 3;
+const P: usize = 1432;
+
+/// A BCAST_DATA header: chunk `chunk` of `nchunks` of broadcast `seq`,
+/// `count` u8 elements, from `sender`.
+fn bcast_header(kind: u8, sender: u16, seq: u32, chunk: u32, nchunks: u32, count: u32) -> Vec<u8> {
+    let mut h = aggbox_header(u32::from_le_bytes(*b"AGBX"), 1, kind, GROUP, sender, TOKEN);
+    h[24..28].copy_from_slice(&seq.to_le_bytes());
+    h[28..32].copy_from_slice(&chunk.to_le_bytes());
+    h[32..36].copy_from_slice(&nchunks.to_le_bytes());
+    h[36..40].copy_from_slice(&count.to_le_bytes());
+    h
+}
+
+/// The one's-complement sum of an IPv4 header, independent of the programs.
+fn ipv4_checksum_ok(ip: &[u8]) -> bool {
+    let mut sum: u32 = ip.chunks(2).map(|w| u32::from(u16::from_be_bytes([w[0], w[1]]))).sum();
+    while sum > 0xffff {
+        sum = (sum & 0xffff) + (sum >> 16);
+    }
+    sum == 0xffff
+}
+
+fn bstat(h: &Harness, name: &str) -> u64 {
+    h.broadcast_stats().unwrap()[BSTAT_NAMES.iter().position(|n| *n == name).unwrap()]
+}
+
+fn kind_of(frame: &[u8]) -> u8 {
+    frame[14 + 20 + 8 + 5]
+}
+
+#[test]
+fn xdp_places_a_chunk_and_answers_with_an_ack() {
+    let mut h = Harness::new().unwrap();
+    let windows = h.register_with_windows(LOCAL_IP, LOCAL_PORT, &group(), CTL).unwrap();
+    let total = P + 100; // two chunks
+    // SAFETY: the test owns this control block; nothing else runs on it.
+    unsafe {
+        windows.ctl().write(Ctl {
+            rx_seq: 1,
+            rx_root: 1,
+            rx_rank: 0,
+            rx_nchunks: 2,
+            rx_count: total as u32,
+            rx_dtype: 0,
+            rx_chunk_bytes: P as u32,
+            rx_last_bytes: 100,
+            rx_credit: 1024,
+            ..Ctl::default()
+        });
+    }
+    let payload0: Vec<u8> = (0..P).map(|i| (i * 7 + 3) as u8).collect();
+    let mut datagram = bcast_header(BCAST_DATA, 1, 1, 0, 2, total as u32);
+    datagram.extend_from_slice(&payload0);
+    let frame = inbound(&datagram);
+
+    let out = h.run(Prog::XdpIngress, &frame).unwrap();
+    assert_eq!(out.retval, xdp::TX, "answered in the kernel");
+    let ack = &out.frame;
+    assert_eq!(ack.len(), 14 + 20 + 8 + 40, "payload cut off");
+    assert_eq!(&ack[0..6], &frame[6..12], "back to the sender's MAC");
+    assert_eq!(&ack[6..12], &frame[0..6]);
+    assert_eq!(&ack[14 + 12..14 + 16], &LOCAL_IP.octets(), "from us");
+    assert_eq!(&ack[14 + 16..14 + 20], &PEER_IP.octets(), "to the root");
+    assert_eq!(u16::from_be_bytes([ack[16], ack[17]]), 20 + 8 + 40, "IPv4 total length");
+    assert!(ipv4_checksum_ok(&ack[14..34]), "IPv4 checksum");
+    assert_eq!(u16::from_be_bytes([ack[34], ack[35]]), LOCAL_PORT);
+    assert_eq!(u16::from_be_bytes([ack[36], ack[37]]), PEER_PORT);
+    assert_eq!(u16::from_be_bytes([ack[38], ack[39]]), 8 + 40, "UDP length");
+    assert_eq!(kind_of(ack), BCAST_ACK);
+    assert_eq!(u16::from_le_bytes([ack[42 + 12], ack[42 + 13]]), 0, "sender: our rank");
+    assert_eq!(u32::from_le_bytes(ack[42 + 28..42 + 32].try_into().unwrap()), 0, "chunk 0");
+    // The chunk is in the window, tagged.
+    let tag = windows.rx_tag(0).load(std::sync::atomic::Ordering::Acquire);
+    assert_eq!(tag, 1u64 << 32);
+    let mut placed = vec![0u8; P];
+    windows.copy_rx(0, &mut placed);
+    assert_eq!(placed, payload0);
+    assert_eq!(bstat(&h, "placed"), 1);
+    assert_eq!(bstat(&h, "acks_sent"), 1);
+
+    // The same chunk again: ACKed again, not counted again.
+    let out = h.run(Prog::XdpIngress, &frame).unwrap();
+    assert_eq!(out.retval, xdp::TX);
+    assert_eq!(bstat(&h, "duplicates"), 1);
+    assert_eq!(bstat(&h, "placed"), 1);
+
+    // The last chunk completes the broadcast: one notice up, no ACK.
+    let mut last = bcast_header(BCAST_DATA, 1, 1, 1, 2, total as u32);
+    last.extend_from_slice(&[0xaa; 100]);
+    let out = h.run(Prog::XdpIngress, &inbound(&last)).unwrap();
+    assert_eq!(out.retval, xdp::PASS);
+    assert_eq!(kind_of(&out.frame), BCAST_LANDED);
+    assert_eq!(u32::from_le_bytes(out.frame[42 + 36..42 + 40].try_into().unwrap()), 2, "landed");
+    assert_eq!(out.frame.len(), 14 + 20 + 8 + 40);
+    assert!(ipv4_checksum_ok(&out.frame[14..34]));
+    let mut placed = vec![0u8; 100];
+    windows.copy_rx(1, &mut placed);
+    assert_eq!(placed, vec![0xaa; 100]);
+    let landed = windows.ctl_field(std::mem::offset_of!(Ctl, rx_landed)).load(std::sync::atomic::Ordering::Acquire);
+    assert_eq!(landed, 2);
+    assert_eq!(bstat(&h, "landed"), 1);
+}
+
+#[test]
+fn xdp_leaves_to_user_space_what_it_was_not_armed_for() {
+    let mut h = Harness::new().unwrap();
+    let windows = h.register_with_windows(LOCAL_IP, LOCAL_PORT, &group(), CTL).unwrap();
+    // SAFETY: the test owns this control block.
+    unsafe {
+        windows.ctl().write(Ctl {
+            rx_seq: 5,
+            rx_root: 1,
+            rx_nchunks: 1,
+            rx_count: 10,
+            rx_chunk_bytes: P as u32,
+            rx_last_bytes: 10,
+            rx_credit: 1024,
+            ..Ctl::default()
+        });
+    }
+    let cases = [
+        ("another broadcast", bcast_header(BCAST_DATA, 1, 4, 0, 1, 10), 10),
+        ("another count", bcast_header(BCAST_DATA, 1, 5, 0, 1, 11), 10),
+        ("another root", bcast_header(BCAST_DATA, 0, 5, 0, 1, 10), 10),
+        ("a chunk out of range", bcast_header(BCAST_DATA, 1, 5, 1, 1, 10), 10),
+        ("a short chunk", bcast_header(BCAST_DATA, 1, 5, 0, 1, 10), 9),
+    ];
+    for (case, mut datagram, len) in cases {
+        datagram.extend(std::iter::repeat_n(1u8, len));
+        let frame = if case == "another root" { outbound_from_self(&datagram) } else { inbound(&datagram) };
+        let out = h.run(Prog::XdpIngress, &frame).unwrap();
+        assert_eq!(out.retval, xdp::PASS, "{case}: to user space");
+        assert_eq!(out.frame, frame, "{case}: unchanged");
+    }
+    assert_eq!(bstat(&h, "placed"), 0);
+    assert_eq!(bstat(&h, "to_user"), 5);
+}
+
+/// A datagram "from rank 0" (our own address) arriving: a valid member.
+fn outbound_from_self(payload: &[u8]) -> Vec<u8> {
+    udp(LOCAL_IP, LOCAL_PORT, LOCAL_IP, LOCAL_PORT, payload)
+}
+
+#[test]
+fn xdp_folds_acks_at_the_root_and_lets_one_group_ack_up() {
+    let mut h = Harness::new().unwrap();
+    // Three ranks: we are rank 0, the root; ranks 1 and 2 receive.
+    let mut g = group();
+    g.peers.push(PeerInfo { rank: 2, ipv4: STRANGER_IP, mac: [2, 0, 0, 0, 0, 3], port: PEER_PORT, datapath: Datapath::Kernel, mtu: 1500 });
+    let windows = h.register_with_windows(LOCAL_IP, LOCAL_PORT, &g, CTL).unwrap();
+    // SAFETY: the test owns this control block and slot.
+    unsafe {
+        windows.ctl().write(Ctl { tx_seq: 9, tx_nchunks: 1, tx_receivers: 2, ..Ctl::default() });
+        (*windows.tx_slot(0)).tag = 9u64 << 32;
+    }
+    let ack_from = |rank: u16, ip: Ipv4Addr| udp(ip, PEER_PORT, LOCAL_IP, LOCAL_PORT, &bcast_header(BCAST_ACK, rank, 9, 0, 1, 0));
+    let first = h.run(Prog::XdpIngress, &ack_from(1, PEER_IP)).unwrap();
+    assert_eq!(first.retval, xdp::DROP, "folded");
+    let again = h.run(Prog::XdpIngress, &ack_from(1, PEER_IP)).unwrap();
+    assert_eq!(again.retval, xdp::DROP, "a duplicate changes nothing");
+    assert_eq!(bstat(&h, "duplicates"), 1);
+    let last = h.run(Prog::XdpIngress, &ack_from(2, STRANGER_IP)).unwrap();
+    assert_eq!(last.retval, xdp::PASS, "the group-ACK goes up");
+    let hdr = &last.frame[42..];
+    assert_eq!(hdr[5], BCAST_ACK);
+    assert_eq!(u16::from_le_bytes([hdr[6], hdr[7]]), FLAG_GROUP);
+    assert_eq!(u32::from_le_bytes(hdr[36..40].try_into().unwrap()), 1, "one chunk held by all");
+    assert_eq!(bstat(&h, "acks_folded"), 2);
+    assert_eq!(bstat(&h, "group_acks"), 1);
+    // SAFETY: XDP is done with the slot.
+    let slot = unsafe { *windows.tx_slot(0) };
+    assert_eq!(slot.bits[0], 0b110);
+    assert_eq!(slot.count, 2);
+    // An ACK of a chunk whose slot is not armed: user space's business.
+    let stale = udp(PEER_IP, PEER_PORT, LOCAL_IP, LOCAL_PORT, &bcast_header(BCAST_ACK, 1, 8, 0, 1, 0));
+    assert_eq!(h.run(Prog::XdpIngress, &stale).unwrap().retval, xdp::PASS);
 }
