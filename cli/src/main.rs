@@ -9,7 +9,7 @@ use aggbox_core::{
     doctor,
     fault::FaultSpec,
     loader,
-    maps::{Prog, STAT_NAMES},
+    maps::{Prog, BSTAT_NAMES, STAT_NAMES},
     Comm,
 };
 use clap::{Parser, Subcommand};
@@ -133,6 +133,13 @@ fn run(cli: Cli) -> Result<ExitCode, String> {
                         .collect();
                     println!("  {:<12} {}", prog.name(), if counters.is_empty() { "-".into() } else { counters.join(" ") });
                 }
+                let broadcast: Vec<String> = BSTAT_NAMES
+                    .iter()
+                    .zip(a.broadcast)
+                    .filter(|(_, v)| *v > 0)
+                    .map(|(n, v)| format!("{n}={v}"))
+                    .collect();
+                println!("  {:<12} {}", "broadcast", if broadcast.is_empty() { "-".into() } else { broadcast.join(" ") });
             }
             Ok(ExitCode::SUCCESS)
         }

@@ -731,6 +731,8 @@ pub struct AttachmentStatus {
     pub users: Vec<UserStatus>,
     /// Its counters.
     pub stats: KernelStats,
+    /// Its broadcast counters, indexed like [`BSTAT_NAMES`].
+    pub broadcast: [u64; BSTAT_NAMES.len()],
 }
 
 /// Every AggBox attachment on this host (in every network namespace).
@@ -746,7 +748,13 @@ pub fn list_attachments() -> Result<Vec<AttachmentStatus>> {
             .into_iter()
             .map(|(key, user)| UserStatus { pid: key.pid, port: key.port, group: user.group, alive: is_alive(&key, &user) })
             .collect();
-        found.push(AttachmentStatus { xdp_mode: existing_mode(&dir), users, stats: maps.kernel_stats()?, dir });
+        found.push(AttachmentStatus {
+            xdp_mode: existing_mode(&dir),
+            users,
+            stats: maps.kernel_stats()?,
+            broadcast: maps.broadcast_stats()?,
+            dir,
+        });
     }
     found.sort_by(|a, b| a.dir.cmp(&b.dir));
     Ok(found)
