@@ -52,6 +52,32 @@ const fn elem(size: usize) -> usize {
     size.div_ceil(8) * 8
 }
 
+/// The tag of chunk `chunk` of broadcast `seq` in a slot.
+pub fn tag(seq: u32, chunk: u32) -> u64 {
+    (u64::from(seq) << 32) | u64::from(chunk)
+}
+
+/// What a receiver arms its window with (see `struct aggbox_ctl`).
+#[derive(Clone, Copy, Debug)]
+pub struct RxArm {
+    /// The broadcast's sequence number (nonzero).
+    pub seq: u32,
+    /// Its root.
+    pub root: u32,
+    /// This communicator's rank.
+    pub rank: u32,
+    /// Its chunks.
+    pub nchunks: u32,
+    /// Its total elements.
+    pub count: u32,
+    /// Its element type's wire code.
+    pub dtype: u32,
+    /// The group's chunk size.
+    pub chunk_bytes: u32,
+    /// Bytes of its last chunk.
+    pub last_bytes: u32,
+}
+
 /// One communicator's windows.
 pub struct Windows {
     index: u32,
@@ -125,6 +151,124 @@ impl Windows {
         let slot = self.index * TX_SLOTS + (chunk & (TX_SLOTS - 1));
         // SAFETY: slot < CTL_SLOTS * TX_SLOTS, inside the mapping.
         unsafe { self.tx.ptr.add(slot as usize * elem(size_of::<TxSlot>())).cast() }
+    }
+
+    /// Arms the receive side for broadcast `seq` (the XDP program starts
+    /// placing its chunks): everything first, `rx_seq` last.
+    pub fn arm_rx(&self, arm: &RxArm) {
+        use std::sync::atomic::Ordering::{Relaxed, Release};
+        let field = |offset| self.ctl_field(offset);
+        field(std::mem::offset_of!(Ctl, rx_seq)).store(0, Release);
+        field(std::mem::offset_of!(Ctl, rx_root)).store(arm.root, Relaxed);
+        field(std::mem::offset_of!(Ctl, rx_rank)).store(arm.rank, Relaxed);
+        field(std::mem::offset_of!(Ctl, rx_nchunks)).store(arm.nchunks, Relaxed);
+        field(std::mem::offset_of!(Ctl, rx_count)).store(arm.count, Relaxed);
+        field(std::mem::offset_of!(Ctl, rx_dtype)).store(arm.dtype, Relaxed);
+        field(std::mem::offset_of!(Ctl, rx_chunk_bytes)).store(arm.chunk_bytes, Relaxed);
+        field(std::mem::offset_of!(Ctl, rx_last_bytes)).store(arm.last_bytes, Relaxed);
+        field(std::mem::offset_of!(Ctl, rx_credit)).store(arm.nchunks.min(RX_SLOTS), Relaxed);
+        field(std::mem::offset_of!(Ctl, rx_notify)).store(RX_SLOTS / 2, Relaxed);
+        field(std::mem::offset_of!(Ctl, rx_landed)).store(0, Relaxed);
+        field(std::mem::offset_of!(Ctl, rx_seq)).store(arm.seq, Release);
+    }
+
+    /// Stops placement (the broadcast is complete or failed).
+    pub fn disarm_rx(&self) {
+        self.ctl_field(std::mem::offset_of!(Ctl, rx_seq)).store(0, std::sync::atomic::Ordering::Release);
+    }
+
+    /// Lets the XDP program place chunks below `credit` (window room).
+    pub fn set_rx_credit(&self, credit: u32) {
+        self.ctl_field(std::mem::offset_of!(Ctl, rx_credit)).store(credit, std::sync::atomic::Ordering::Release);
+    }
+
+    /// Whether chunk `chunk` of broadcast `seq` is in its receive slot
+    /// (placed completely: not still being copied in).
+    pub fn rx_holds(&self, seq: u32, chunk: u32) -> bool {
+        self.rx_tag(chunk).load(std::sync::atomic::Ordering::Acquire) == tag(seq, chunk)
+    }
+
+    /// Arms the send side for broadcast `seq`: the XDP program folds the
+    /// ACKs of its chunks and wakes the root every `notify` chunks held by
+    /// all `receivers` (and at the last).
+    pub fn arm_tx(&self, seq: u32, nchunks: u32, receivers: u32, notify: u32) {
+        use std::sync::atomic::Ordering::{Relaxed, Release};
+        let field = |offset| self.ctl_field(offset);
+        field(std::mem::offset_of!(Ctl, tx_seq)).store(0, Release);
+        field(std::mem::offset_of!(Ctl, tx_nchunks)).store(nchunks, Relaxed);
+        field(std::mem::offset_of!(Ctl, tx_receivers)).store(receivers, Relaxed);
+        field(std::mem::offset_of!(Ctl, tx_notify)).store(notify, Relaxed);
+        field(std::mem::offset_of!(Ctl, tx_done)).store(0, Relaxed);
+        field(std::mem::offset_of!(Ctl, tx_seq)).store(seq, Release);
+    }
+
+    /// Stops folding.
+    pub fn disarm_tx(&self) {
+        self.ctl_field(std::mem::offset_of!(Ctl, tx_seq)).store(0, std::sync::atomic::Ordering::Release);
+    }
+
+    /// Readies the send slot of chunk `chunk` of `seq` before it is sent:
+    /// no receiver holds it yet.
+    pub fn prepare_tx(&self, seq: u32, chunk: u32) {
+        use std::sync::atomic::Ordering::{Relaxed, Release};
+        let slot = self.tx_slot(chunk);
+        // SAFETY: fields of our own slot; XDP only touches a slot whose tag
+        // matches an ACK, and the tag is written last.
+        unsafe {
+            let atomic_u64 = |p: *mut u64| &*(p as *const AtomicU64);
+            atomic_u64(std::ptr::addr_of_mut!((*slot).tag)).store(0, Release);
+            for word in 0..crate::wire::MAX_RANKS / 64 {
+                atomic_u64(std::ptr::addr_of_mut!((*slot).bits[word])).store(0, Relaxed);
+            }
+            (*(std::ptr::addr_of_mut!((*slot).count) as *const AtomicU32)).store(0, Relaxed);
+            atomic_u64(std::ptr::addr_of_mut!((*slot).tag)).store(tag(seq, chunk), Release);
+        }
+    }
+
+    /// Records that `rank` holds chunk `chunk` of `seq` (an ACK that
+    /// reached user space). Returns whether that made every receiver hold
+    /// it; the root's count of such chunks goes up the same way the XDP
+    /// program's does.
+    pub fn fold_tx(&self, seq: u32, chunk: u32, rank: usize, receivers: u32) -> bool {
+        use std::sync::atomic::Ordering::AcqRel;
+        let slot = self.tx_slot(chunk);
+        // SAFETY: atomics on fields of our own slot, which XDP updates the
+        // same way.
+        unsafe {
+            let tag_now = (*(std::ptr::addr_of!((*slot).tag) as *const AtomicU64)).load(std::sync::atomic::Ordering::Acquire);
+            if tag_now != tag(seq, chunk) {
+                return false;
+            }
+            let word = &*(std::ptr::addr_of!((*slot).bits[rank / 64]) as *const AtomicU64);
+            let bit = 1u64 << (rank % 64);
+            if word.fetch_or(bit, AcqRel) & bit != 0 {
+                return false;
+            }
+            let count = &*(std::ptr::addr_of!((*slot).count) as *const AtomicU32);
+            if count.fetch_add(1, AcqRel) + 1 != receivers {
+                return false;
+            }
+        }
+        self.ctl_field(std::mem::offset_of!(Ctl, tx_done)).fetch_add(1, AcqRel);
+        true
+    }
+
+    /// Whether every receiver holds chunk `chunk` of `seq`.
+    pub fn tx_held_by_all(&self, seq: u32, chunk: u32, receivers: u32) -> bool {
+        let slot = self.tx_slot(chunk);
+        // SAFETY: atomic reads of our own slot.
+        unsafe {
+            (*(std::ptr::addr_of!((*slot).tag) as *const AtomicU64)).load(std::sync::atomic::Ordering::Acquire) == tag(seq, chunk)
+                && (*(std::ptr::addr_of!((*slot).count) as *const AtomicU32)).load(std::sync::atomic::Ordering::Acquire) >= receivers
+        }
+    }
+
+    /// Whether `rank` holds chunk `chunk` (of the `seq` its slot tracks).
+    pub fn tx_rank_holds(&self, chunk: u32, rank: usize) -> bool {
+        let slot = self.tx_slot(chunk);
+        // SAFETY: an atomic read of our own slot.
+        let word = unsafe { (*(std::ptr::addr_of!((*slot).bits[rank / 64]) as *const AtomicU64)).load(std::sync::atomic::Ordering::Acquire) };
+        word & (1u64 << (rank % 64)) != 0
     }
 
     /// Clears this communicator's control block and the tags of its slots,
