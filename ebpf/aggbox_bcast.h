@@ -203,6 +203,13 @@ static __always_inline int aggbox_xdp_bcast_data(struct xdp_md *ctx, struct aggb
 	    hdr->nchunks != ctl->rx_nchunks || hdr->count != ctl->rx_count || hdr->dtype != ctl->rx_dtype ||
 	    chunk >= ctl->rx_nchunks || chunk >= ctl->rx_credit)
 		goto to_user;
+	/* Below the window: the process copied it out long ago (credit is the
+	 * first chunk it has not copied, plus the window): only ACK it again.
+	 * Placing it would overwrite the later chunk that shares its slot. */
+	if (chunk + AGGBOX_RX_SLOTS < ctl->rx_credit) {
+		aggbox_bcount(AGGBOX_BSTAT_DUPLICATES);
+		goto ack;
+	}
 	want = chunk + 1 == ctl->rx_nchunks ? ctl->rx_last_bytes : ctl->rx_chunk_bytes;
 	if (len != want || len > AGGBOX_CHUNK_MAX)
 		goto to_user;

@@ -73,7 +73,7 @@ struct aggbox_ctl {
 	__u32 rx_dtype;
 	__u32 rx_chunk_bytes; /* P */
 	__u32 rx_last_bytes; /* bytes of the last chunk */
-	__u32 rx_credit; /* chunks below this may be placed (window room) */
+	__u32 rx_credit; /* chunks below this may be placed: first chunk not copied out + window */
 	__u32 rx_notify; /* notify the process every this many landed chunks */
 	__u32 rx_landed; /* chunks placed (XDP adds) */
 	__u32 rx_reserved;

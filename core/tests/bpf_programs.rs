@@ -383,3 +383,39 @@ fn xdp_folds_acks_at_the_root_and_lets_one_group_ack_up() {
     let stale = udp(PEER_IP, PEER_PORT, LOCAL_IP, LOCAL_PORT, &bcast_header(BCAST_ACK, 1, 8, 0, 1, 0));
     assert_eq!(h.run(Prog::XdpIngress, &stale).unwrap().retval, xdp::PASS);
 }
+
+#[test]
+fn xdp_answers_but_never_places_a_chunk_below_the_window() {
+    let mut h = Harness::new().unwrap();
+    let windows = h.register_with_windows(LOCAL_IP, LOCAL_PORT, &group(), CTL).unwrap();
+    let nchunks = 3000u32;
+    // SAFETY: the test owns this control block.
+    unsafe {
+        windows.ctl().write(Ctl {
+            rx_seq: 2,
+            rx_root: 1,
+            rx_nchunks: nchunks,
+            rx_count: nchunks * P as u32,
+            rx_chunk_bytes: P as u32,
+            rx_last_bytes: P as u32,
+            rx_credit: 1024 + 1030, // chunks 0..1029 were copied out
+            ..Ctl::default()
+        });
+    }
+    // Chunk 1029 + 1024 shares a slot with chunk 5: put "its" bytes there.
+    let mut later = bcast_header(BCAST_DATA, 1, 2, 5 + 1024, nchunks, nchunks * P as u32);
+    later.extend(std::iter::repeat_n(0x55u8, P));
+    assert_eq!(h.run(Prog::XdpIngress, &inbound(&later)).unwrap().retval, xdp::TX);
+    // A late repeat of chunk 5 is answered, and the slot keeps chunk 1029.
+    let mut stale = bcast_header(BCAST_DATA, 1, 2, 5, nchunks, nchunks * P as u32);
+    stale.extend(std::iter::repeat_n(0x11u8, P));
+    let out = h.run(Prog::XdpIngress, &inbound(&stale)).unwrap();
+    assert_eq!(out.retval, xdp::TX);
+    assert_eq!(kind_of(&out.frame), BCAST_ACK);
+    assert!(windows.rx_holds(2, 5 + 1024));
+    let mut slot = vec![0u8; P];
+    windows.copy_rx(5, &mut slot);
+    assert_eq!(slot, vec![0x55u8; P]);
+    assert_eq!(bstat(&h, "placed"), 1);
+    assert_eq!(bstat(&h, "duplicates"), 1);
+}
