@@ -402,17 +402,17 @@ fn xdp_answers_but_never_places_a_chunk_below_the_window() {
             ..Ctl::default()
         });
     }
-    // Chunk 1029 + 1024 shares a slot with chunk 5: put "its" bytes there.
-    let mut later = bcast_header(BCAST_DATA, 1, 2, 5 + 1024, nchunks, nchunks * P as u32);
+    // Chunk 5 + 2048 (in the window: 1030..2054) shares a slot with chunk 5.
+    let mut later = bcast_header(BCAST_DATA, 1, 2, 5 + 2048, nchunks, nchunks * P as u32);
     later.extend(std::iter::repeat_n(0x55u8, P));
     assert_eq!(h.run(Prog::XdpIngress, &inbound(&later)).unwrap().retval, xdp::TX);
-    // A late repeat of chunk 5 is answered, and the slot keeps chunk 1029.
+    // A late repeat of chunk 5 is answered, and the slot keeps chunk 2053.
     let mut stale = bcast_header(BCAST_DATA, 1, 2, 5, nchunks, nchunks * P as u32);
     stale.extend(std::iter::repeat_n(0x11u8, P));
     let out = h.run(Prog::XdpIngress, &inbound(&stale)).unwrap();
     assert_eq!(out.retval, xdp::TX);
     assert_eq!(kind_of(&out.frame), BCAST_ACK);
-    assert!(windows.rx_holds(2, 5 + 1024));
+    assert!(windows.rx_holds(2, 5 + 2048));
     let mut slot = vec![0u8; P];
     windows.copy_rx(5, &mut slot);
     assert_eq!(slot, vec![0x55u8; P]);
