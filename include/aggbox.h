@@ -19,9 +19,12 @@
  * a newer library.
  *
  * Ownership. Whatever an aggbox_*_init function returns is owned by the
- * caller and freed by the matching aggbox_*_destroy. Strings returned by the
+ * caller and freed by the matching aggbox_*_destroy; a request made by
+ * aggbox_ibroadcast is freed by aggbox_request_free. Strings returned by the
  * library are static: never free them. The library keeps no pointer the
- * caller passed in after the call returns.
+ * caller passed in after the call returns, with one exception: the buffer
+ * of an asynchronous operation belongs to the library until the operation
+ * has finished (aggbox_wait returned, or aggbox_test set *done to 1).
  *
  * Threads. A communicator may be used from any thread, but by one thread at
  * a time (as in MPI and NCCL): a call made while another thread is inside a
@@ -34,6 +37,16 @@
  * not always: a call that reaches a freed communicator is undefined
  * behaviour. Distinct communicators are independent. The functions that
  * take no communicator may be called from any thread at any time.
+ *
+ * Asynchronous operations. aggbox_ibroadcast starts a broadcast and returns
+ * a request at once. Each communicator runs its asynchronous operations on
+ * one progress thread of its own, started by the first of them, in the
+ * order they were started. While any is pending, the blocking calls on that
+ * communicator (aggbox_barrier, aggbox_broadcast, aggbox_comm_stats) queue
+ * behind it and return when their turn is done, so every rank still sees
+ * its collectives in the order it called them. aggbox_comm_destroy waits
+ * for pending operations; requests outlive their communicator. A request
+ * may be waited for or tested from any thread.
  *
  * Versions. AGGBOX_ABI_VERSION is the ABI this header describes;
  * aggbox_abi_version() is the one the library implements.
@@ -91,7 +104,9 @@ typedef enum aggbox_status {
   /**
    * The caller passed something unusable (a NULL pointer, a size or rank
    * out of range, a communicator another thread is using); nothing was
-   * sent.
+   * sent. Also the status of a collective whose calls disagree across
+   * the ranks (another root, element type or count): every rank gets it,
+   * with a message that says "mismatched collective calls" and how.
    */
   AGGBOX_ERR_INVALID_ARGUMENT = 1,
   /**
@@ -140,7 +155,8 @@ typedef enum aggbox_datapath {
 } aggbox_datapath;
 
 /**
- * Element type of a buffer in a collective (for the collectives to come).
+ * Element type of a buffer in a collective. The values are the wire
+ * codes of the datagram header's `dtype` byte.
  */
 typedef enum aggbox_dtype {
   /**
@@ -267,10 +283,22 @@ typedef enum aggbox_stat {
  * used from any thread, but by one thread at a time: a call made while
  * another thread is inside a call on the same communicator fails with
  * `AGGBOX_ERR_INVALID_ARGUMENT` (the getters of rank, size, datapath and
- * datapath reason may be called even then). `aggbox_comm_destroy` must not
- * race any call on it: see there.
+ * datapath reason may be called even then). Its asynchronous operations
+ * (`aggbox_ibroadcast`) run on a progress thread of its own, started by
+ * the first of them; while any is pending, blocking calls queue behind it.
+ * `aggbox_comm_destroy` must not race any call on it: see there.
  */
 typedef struct aggbox_comm aggbox_comm;
+
+/**
+ * An asynchronous operation started by `aggbox_ibroadcast`. Opaque; the
+ * caller owns it and frees it with `aggbox_request_free` (which waits for
+ * the operation if it has not finished). Until the operation has finished
+ * (`aggbox_wait` returned, or `aggbox_test` set `*done` to 1), the buffer
+ * it was given belongs to the library. It may be waited for or tested from
+ * any thread, and it stays valid after its communicator is destroyed.
+ */
+typedef struct aggbox_request aggbox_request;
 
 /**
  * What a communicator needs to start. Size-versioned: fill it in with
@@ -373,6 +401,20 @@ typedef struct aggbox_stats {
    * communicator attached there, and all zero on the user datapath.
    */
   uint64_t kernel[AGGBOX_PROG_COUNT][AGGBOX_STAT_COUNT];
+  /**
+   * Broadcasts completed (as root or receiver).
+   */
+  uint64_t broadcasts;
+  /**
+   * Broadcast chunks sent as root, first transmissions only: one per
+   * chunk and receiver (repeats count in `retransmits`).
+   */
+  uint64_t bcast_chunks_sent;
+  /**
+   * Acknowledgments of its own broadcasts' chunks a root received
+   * (repeats included; those also count in `duplicates`).
+   */
+  uint64_t bcast_acks_received;
 } aggbox_stats;
 
 #ifdef __cplusplus
@@ -418,7 +460,9 @@ enum aggbox_status aggbox_comm_init_from_env(struct aggbox_comm **out);
 
 /**
  * Leaves the group and frees `comm` and everything it holds. NULL is a
- * no-op.
+ * no-op. Asynchronous operations still pending on `comm` are finished
+ * first (this waits for them), and its progress thread is stopped; their
+ * requests stay valid, to be waited for and freed.
  *
  * Destroying a communicator while another thread may be using it is a bug
  * of the caller; the library makes it an error where it can see it, and
@@ -501,13 +545,64 @@ size_t aggbox_comm_datapath_reason(const struct aggbox_comm *comm, char *buf, si
 /**
  * Blocks until every rank of the group has called `aggbox_barrier`. Fails
  * with `AGGBOX_ERR_PEER_FAILED` naming a rank that did not arrive within the
- * timeout.
+ * timeout. While an asynchronous operation on `comm` is pending, it queues
+ * behind it.
  *
  * # Safety
  *
  * `comm` is NULL or a live communicator.
  */
 enum aggbox_status aggbox_barrier(struct aggbox_comm *comm);
+
+/**
+ * Broadcasts `count` elements of `dtype` at `buf` from rank `root` to every
+ * rank of `comm`, in place: when it returns `AGGBOX_OK`, every rank's `buf`
+ * holds what the root's held. Every rank calls it with the same `count`,
+ * `dtype` and `root`, in the same order as its other collectives (as
+ * `MPI_Bcast`).
+ *
+ * Fails, with nothing sent, with `AGGBOX_ERR_INVALID_ARGUMENT` when `buf`
+ * is NULL and `count` is not 0, `root` is not a rank, `dtype` is not an
+ * `aggbox_dtype`, `count` elements do not fit in memory or are more than
+ * 2^32 - 1. Fails with `AGGBOX_ERR_INVALID_ARGUMENT` on every rank, the
+ * message saying "mismatched collective calls", when the ranks' `count`,
+ * `dtype` or `root` disagree; with `AGGBOX_ERR_PEER_FAILED` naming a rank
+ * that stopped answering within the timeout. After a failure `buf` may
+ * hold part of the root's data.
+ *
+ * While an `aggbox_ibroadcast` on `comm` is pending, this call queues
+ * behind it (and any other pending operation) and blocks until its turn
+ * has come and gone. The library keeps no pointer to `buf` after it
+ * returns.
+ *
+ * # Safety
+ *
+ * `comm` is NULL or a live communicator; `buf` is NULL or valid for reading
+ * and writing `count` elements of `dtype`.
+ */
+enum aggbox_status aggbox_broadcast(struct aggbox_comm *comm, void *buf, size_t count, aggbox_dtype dtype, int root);
+
+/**
+ * Starts the broadcast of `aggbox_broadcast` (same arguments, same checks,
+ * made before this returns) and returns at once; `*out` is then a request
+ * to finish it with `aggbox_wait` or `aggbox_test`, and to free with
+ * `aggbox_request_free`. On failure `*out` is NULL and nothing was started.
+ *
+ * The broadcast runs on the communicator's progress thread (one per
+ * communicator, started by its first asynchronous call), after the
+ * operations started before it. Until it has finished, `buf` belongs to
+ * the library: the caller must neither free, read nor write it. Blocking
+ * calls on `comm` meanwhile (`aggbox_barrier`, `aggbox_broadcast`,
+ * `aggbox_comm_stats`) wait for their turn behind it, and
+ * `aggbox_comm_destroy` waits for it to finish.
+ *
+ * # Safety
+ *
+ * `comm` is NULL or a live communicator; `buf` is NULL or valid for reading
+ * and writing `count` elements of `dtype` until the operation has
+ * finished; `out` is NULL or valid for writing a pointer.
+ */
+enum aggbox_status aggbox_ibroadcast(struct aggbox_comm *comm, void *buf, size_t count, aggbox_dtype dtype, int root, struct aggbox_request **out);
 
 /**
  * Fills `*config` with `size = sizeof(aggbox_config)` and every default:
@@ -551,6 +646,43 @@ const char *aggbox_status_string(aggbox_status status);
  * `buf` is NULL or valid for writing `len` bytes.
  */
 size_t aggbox_last_error(char *buf, size_t len);
+
+/**
+ * Blocks until the operation of `request` has finished and returns its
+ * status: `AGGBOX_OK`, or the error of the operation, whose message (which
+ * names the operation, such as "aggbox_wait: aggbox_ibroadcast: rank 3
+ * failed: ...") `aggbox_last_error` then gives on this thread. Waiting
+ * again returns the same status. Does not free `request`.
+ *
+ * # Safety
+ *
+ * `request` is NULL or a request not freed yet.
+ */
+enum aggbox_status aggbox_wait(struct aggbox_request *request);
+
+/**
+ * Tells whether the operation of `request` has finished, without waiting:
+ * sets `*done` to 1 and returns the operation's status (as `aggbox_wait`
+ * does) when it has, else sets `*done` to 0 and returns `AGGBOX_OK`.
+ *
+ * # Safety
+ *
+ * `request` is NULL or a request not freed yet; `done` is NULL or valid
+ * for writing an `int`.
+ */
+enum aggbox_status aggbox_test(struct aggbox_request *request, int *done);
+
+/**
+ * Frees `request`. If its operation has not finished, first waits for it
+ * (so that its buffer may be reused as soon as this returns); its status
+ * is then lost: call `aggbox_wait` first to know it. NULL is a no-op.
+ *
+ * # Safety
+ *
+ * `request` is NULL or a request from `aggbox_ibroadcast` not freed yet;
+ * it must not be used after this call.
+ */
+void aggbox_request_free(struct aggbox_request *request);
 
 /**
  * Fills `*stats` with a snapshot of the counters of `comm`. The caller sets

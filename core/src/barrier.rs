@@ -121,7 +121,12 @@ impl Comm {
                         what: format!("barrier #{seq}: rank 0 gave up on it because rank {blamed} failed"),
                     });
                 }
-                Some(_) => {}
+                // A late request of a finished operation (a retransmitted
+                // broadcast chunk whose acknowledgment was lost), or a
+                // chunk of the next broadcast: answered or kept.
+                Some(got) => {
+                    self.serve_stale(&got)?;
+                }
                 None if Instant::now() >= deadline => {
                     return Err(Error::PeerFailed {
                         rank: 0,

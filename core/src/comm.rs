@@ -3,8 +3,10 @@
 //! A communicator owns one UDP socket (its [`Transport`]), the group made by
 //! [`rendezvous`], and, on the kernel datapath, its share of the
 //! [`Attachment`] of the BPF programs on its interface. Every collective is a
-//! method (`barrier.rs` holds the barrier); they share the validated receive
-//! of `Comm::recv_valid` and the retransmission timer of `Backoff`.
+//! method (`barrier.rs` holds the barrier, `broadcast.rs` the broadcast);
+//! they share the validated, batched receive of `Comm::recv_valid`, the
+//! answers to late datagrams of finished operations of `Comm::serve_stale`,
+//! and the retransmission timer of `Backoff`.
 
 use std::{
     net::SocketAddrV4,
@@ -12,17 +14,16 @@ use std::{
 };
 
 use crate::{
+    broadcast::BcastState,
     loader::Attachment,
     netif::{self, Interface},
     rendezvous::{self, GroupInfo, PeerInfo},
     stats::{KernelStats, UserStats},
     transport::Transport,
-    wire::{seq_at_or_before, Header, Kind, HDR_LEN},
+    wire::{self, seq_at_or_before, Header, Kind, HDR_LEN},
     Config, Datapath, Error, Result, Stats,
 };
 
-/// Largest datagram a communicator receives.
-const RECV_BUFFER: usize = 64 * 1024;
 /// First retransmission timeout of a control message.
 const RTO_INITIAL: Duration = Duration::from_millis(1);
 /// Largest retransmission timeout.
@@ -58,6 +59,11 @@ impl Backoff {
         self.next
     }
 
+    /// The current timeout: how long the timer waits before it fires next.
+    pub(crate) fn rto(&self) -> Duration {
+        self.rto
+    }
+
     /// Whether it is due now; if so, schedules the next one further out.
     pub(crate) fn fire(&mut self) -> bool {
         let now = Instant::now();
@@ -71,10 +77,13 @@ impl Backoff {
 }
 
 /// A validated datagram of this group, as [`Comm::recv_valid`] returns it.
+/// Its bytes are `Comm::payload` until the next receive.
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct Received {
     pub(crate) header: Header,
     pub(crate) kind: Kind,
+    /// Its slot in the transport's receive batch.
+    pub(crate) slot: usize,
 }
 
 /// A member of a group of ranks. Not `Sync`: one thread at a time runs
@@ -89,7 +98,13 @@ pub struct Comm {
     datapath_reason: Option<String>,
     attachment: Option<Attachment>,
     pub(crate) user_stats: UserStats,
-    pub(crate) recv_buf: Vec<u8>,
+    /// Datagrams of the transport's receive batch, and the next to read.
+    rx_len: usize,
+    rx_next: usize,
+    /// The group's chunk size (docs/BROADCAST.md): from the smallest MTU.
+    pub(crate) chunk: usize,
+    /// What broadcast keeps between calls.
+    pub(crate) bcast: BcastState,
     /// Sequence number of the last barrier entered.
     pub(crate) barrier_seq: u32,
     /// Sequence number of the last barrier rank 0 completed (released).
@@ -138,6 +153,7 @@ impl Comm {
             None => Ok(()),
         })?;
         let n = config.world_size;
+        let chunk = wire::chunk_size(group.peers.iter().map(|p| p.mtu).min().unwrap_or(iface.mtu));
         tracing::info!(
             rank = config.rank,
             size = n,
@@ -155,7 +171,10 @@ impl Comm {
             datapath_reason,
             attachment,
             user_stats: UserStats::default(),
-            recv_buf: vec![0; RECV_BUFFER],
+            rx_len: 0,
+            rx_next: 0,
+            chunk,
+            bcast: BcastState::new(n, chunk),
             barrier_seq: 0,
             barrier_done: 0,
             barrier_aborted: None,
@@ -225,6 +244,12 @@ impl Comm {
         self.config.timeout
     }
 
+    /// The group's chunk size: the payload bytes of one broadcast datagram,
+    /// from the smallest MTU of any rank (docs/BROADCAST.md).
+    pub fn chunk_size(&self) -> usize {
+        self.chunk
+    }
+
     /// A snapshot of the counters.
     pub fn stats(&self) -> Result<Stats> {
         let kernel = match &self.attachment {
@@ -256,36 +281,98 @@ impl Comm {
     /// Receives the next datagram of this group until `deadline`. Malformed
     /// datagrams and datagrams of other groups or from non-members are
     /// dropped and counted (the user-space twin of the XDP checks).
+    ///
+    /// Datagrams come from the transport's receive batch, refilled with one
+    /// `recvmmsg` when it is used up. Before sleeping for more, it sends
+    /// what is queued on the transport (batched acknowledgments): after
+    /// draining what the socket holds.
     pub(crate) fn recv_valid(&mut self, deadline: Instant) -> Result<Option<Received>> {
         loop {
-            let Some((len, from)) = self.transport.recv(&mut self.recv_buf, deadline)? else {
+            if self.rx_next == self.rx_len && !self.refill(deadline)? {
                 return Ok(None);
-            };
-            self.user_stats.packets_received += 1;
-            let (header, kind) = match Header::read_from(&self.recv_buf[..len]) {
-                Ok(parsed) => parsed,
-                Err(_) => {
-                    self.user_stats.dropped_malformed += 1;
-                    if Instant::now() >= deadline {
-                        return Ok(None);
-                    }
-                    continue;
-                }
-            };
-            let sender = header.sender as usize;
-            let member = header.group == self.group.group
-                && header.token == self.group.token
-                && sender < self.group.peers.len()
-                && self.group.peers[sender].addr() == from;
-            if !member {
-                self.user_stats.dropped_foreign += 1;
-                if Instant::now() >= deadline {
-                    return Ok(None); // a stream of strays must not stretch the deadline
-                }
-                continue;
             }
-            return Ok(Some(Received { header, kind }));
+            let slot = self.rx_next;
+            self.rx_next += 1;
+            match self.validate(slot) {
+                Some(received) => return Ok(Some(received)),
+                // A stream of strays must not stretch the deadline.
+                None if Instant::now() >= deadline => return Ok(None),
+                None => {}
+            }
         }
+    }
+
+    /// Whether datagrams of the last receive batch are still unread.
+    pub(crate) fn rx_pending(&self) -> bool {
+        self.rx_next < self.rx_len
+    }
+
+    /// Refills the receive batch, waiting until `deadline` at most; returns
+    /// whether it holds datagrams.
+    fn refill(&mut self, deadline: Instant) -> Result<bool> {
+        loop {
+            self.rx_next = 0;
+            self.rx_len = self.transport.recv_batch()?;
+            if self.rx_len > 0 {
+                self.user_stats.packets_received += self.rx_len as u64;
+                return Ok(true);
+            }
+            self.flush_queued()?;
+            if !self.transport.wait_readable(deadline)? && Instant::now() >= deadline {
+                return Ok(false);
+            }
+        }
+    }
+
+    /// Checks datagram `slot` of the receive batch: a well-formed datagram
+    /// of this group from the member it claims to be, or dropped (counted).
+    fn validate(&mut self, slot: usize) -> Option<Received> {
+        let Some(datagram) = self.transport.datagram(slot) else {
+            self.user_stats.dropped_foreign += 1;
+            return None;
+        };
+        let (header, kind) = match Header::read_from(datagram.bytes) {
+            Ok(parsed) if !datagram.truncated => parsed,
+            _ => {
+                self.user_stats.dropped_malformed += 1;
+                return None;
+            }
+        };
+        let sender = header.sender as usize;
+        let member = header.group == self.group.group
+            && header.token == self.group.token
+            && sender < self.group.peers.len()
+            && self.group.peers[sender].addr() == datagram.from;
+        if !member {
+            self.user_stats.dropped_foreign += 1;
+            return None;
+        }
+        Some(Received { header, kind, slot })
+    }
+
+    /// The bytes after the header of `got`, a datagram of the current
+    /// receive batch.
+    pub(crate) fn payload(&self, got: &Received) -> &[u8] {
+        match self.transport.datagram(got.slot) {
+            Some(datagram) => &datagram.bytes[HDR_LEN..],
+            None => &[],
+        }
+    }
+
+    /// Queues a header-only datagram to `rank` on the transport (sent by
+    /// [`Comm::flush_queued`], or when the batch fills).
+    pub(crate) fn queue_control(&mut self, header: &Header, rank: usize) -> Result<()> {
+        if self.transport.queue(header, 0..0, self.group.peers[rank].addr()) {
+            self.flush_queued()?;
+        }
+        Ok(())
+    }
+
+    /// Sends what is queued on the transport (header-only datagrams).
+    pub(crate) fn flush_queued(&mut self) -> Result<()> {
+        let sent = self.transport.flush(&[])?;
+        self.user_stats.packets_sent += sent as u64;
+        Ok(())
     }
 
     /// Answers a datagram that belongs to an operation this rank already
@@ -315,6 +402,7 @@ impl Comm {
                 }
                 Ok(true)
             }
+            Kind::BcastData | Kind::BcastAck | Kind::BcastAbort => self.serve_stale_bcast(got),
             _ => Ok(false),
         }
     }

@@ -9,6 +9,12 @@ pub enum Error {
     /// a mismatched call); nothing was sent.
     #[error("invalid argument: {0}")]
     InvalidArgument(String),
+    /// The ranks called a collective with arguments that disagree (another
+    /// root, element type or count); every rank's call fails. Reported at
+    /// the C ABI as `AGGBOX_ERR_INVALID_ARGUMENT`, as docs/BROADCAST.md
+    /// specifies (unlike [`Error::InvalidArgument`], datagrams were sent).
+    #[error("mismatched collective calls: {0}")]
+    Mismatch(String),
     /// An operation did not complete within the configured timeout and no
     /// particular peer is to blame.
     #[error("timed out: {0}")]
@@ -49,7 +55,7 @@ impl Error {
     /// The `errno`-style numeric status of this error, as the C ABI reports it.
     pub fn status(&self) -> Status {
         match self {
-            Error::InvalidArgument(_) => Status::InvalidArgument,
+            Error::InvalidArgument(_) | Error::Mismatch(_) => Status::InvalidArgument,
             Error::Timeout(_) => Status::Timeout,
             Error::PeerFailed { .. } => Status::PeerFailed,
             Error::System { .. } => Status::System,

@@ -10,7 +10,8 @@
 //! - [`netif`]: interface facts (index, IPv4, MAC);
 //! - [`rendezvous`]: how ranks find each other (env + TCP store);
 //! - [`transport`]: the UDP socket a communicator sends and receives on;
-//! - [`comm`]: the communicator and its collectives;
+//! - [`comm`]: the communicator and its collectives; [`broadcast`] holds
+//!   the broadcast protocol, [`dtype`] the element types of buffers;
 //! - [`cluster`], [`fault`]: the virtual cluster of network namespaces and
 //!   fault injection, for tests, demos and benchmarks;
 //! - [`doctor`]: what this host supports, and the fix for what it lacks;
@@ -20,10 +21,12 @@
 
 mod barrier;
 pub mod bpf;
+pub mod broadcast;
 pub mod cluster;
 pub mod comm;
 pub mod config;
 pub mod doctor;
+pub mod dtype;
 pub mod error;
 pub mod fault;
 pub mod loader;
@@ -41,6 +44,7 @@ mod layout_check;
 
 pub use comm::Comm;
 pub use config::{Config, Datapath};
+pub use dtype::{Dtype, Element};
 pub use error::{Error, Result, Status};
 pub use stats::Stats;
 

@@ -14,7 +14,8 @@ pub struct UserStats {
     pub packets_received: u64,
     /// Datagrams sent again because an answer did not come in time.
     pub retransmits: u64,
-    /// Received datagrams that repeated one already handled.
+    /// Received datagrams that repeated one already handled (a broadcast
+    /// chunk received again, an acknowledgment repeated, ...).
     pub duplicates: u64,
     /// Received datagrams dropped as malformed (truncated, bad magic/version/kind).
     pub dropped_malformed: u64,
@@ -22,6 +23,14 @@ pub struct UserStats {
     pub dropped_foreign: u64,
     /// Barriers completed.
     pub barriers: u64,
+    /// Broadcasts completed (as root or receiver).
+    pub broadcasts: u64,
+    /// `BCAST_DATA` datagrams sent as root, first transmissions only (one
+    /// per chunk and receiver; repeats count in `retransmits`).
+    pub bcast_chunks_sent: u64,
+    /// `BCAST_ACK` datagrams of its own broadcasts a root received
+    /// (repeats included; those also count in `duplicates`).
+    pub bcast_acks_received: u64,
 }
 
 /// Counters of the BPF programs on the communicator's interface. They are per

@@ -3,18 +3,123 @@
 //! The socket is non-blocking: a receive first tries `recvfrom` and sleeps in
 //! `poll` only when nothing is queued, so a datagram that is already there
 //! costs one system call and no wake-up.
+//!
+//! Bulk traffic (broadcast chunks and their acknowledgments) moves in
+//! batches of up to [`BATCH`] datagrams per system call: datagrams are
+//! [queued](Transport::queue) and [flushed](Transport::flush) with
+//! `sendmmsg`, and received with `recvmmsg` into [`BATCH`] slots
+//! ([`Transport::recv_batch`], [`Transport::datagram`]). The message and
+//! I/O-vector arrays of both live in the transport and are reused: a batch
+//! allocates nothing.
 
 use std::{
     io,
     net::{Ipv4Addr, SocketAddr, SocketAddrV4, UdpSocket},
+    ops::Range,
     os::fd::AsRawFd,
     time::Instant,
 };
 
 use crate::{
     config::{DEFAULT_PORT_BASE, DEFAULT_PORT_SPAN},
+    wire::{Header, CHUNK_MAX, HDR_LEN},
     Error, Result,
 };
+
+/// Most datagrams one `sendmmsg` or `recvmmsg` call moves.
+pub const BATCH: usize = 64;
+
+/// Bytes of each receive slot: the largest datagram AggBox sends (a header
+/// and the largest chunk). A longer datagram is received truncated.
+pub const RECV_SLOT: usize = HDR_LEN + CHUNK_MAX;
+
+/// Datagrams queued for one `sendmmsg`: each a header, a payload (a range
+/// of the source slice given to [`Transport::flush`]) and a destination.
+struct SendBatch {
+    headers: [[u8; HDR_LEN]; BATCH],
+    payloads: [(usize, usize); BATCH],
+    dests: [libc::sockaddr_in; BATCH],
+    iov: [[libc::iovec; 2]; BATCH],
+    msgs: [libc::mmsghdr; BATCH],
+    len: usize,
+}
+
+impl RecvBatch {
+    /// Points every message at its slot and address, once: they are heap
+    /// allocations of the batch, which never move.
+    fn point_at_slots(&mut self) {
+        let slots = self.slots.as_mut_ptr();
+        for i in 0..BATCH {
+            // SAFETY: slot i lies within `slots` (BATCH * RECV_SLOT bytes).
+            self.iov[i] = libc::iovec { iov_base: unsafe { slots.add(i * RECV_SLOT) }.cast(), iov_len: RECV_SLOT };
+            let msg = &mut self.msgs[i];
+            msg.msg_hdr = zeroed();
+            msg.msg_hdr.msg_name = (&raw mut self.addrs[i]).cast();
+            msg.msg_hdr.msg_namelen = std::mem::size_of::<libc::sockaddr_in>() as libc::socklen_t;
+            msg.msg_hdr.msg_iov = &raw mut self.iov[i];
+            msg.msg_hdr.msg_iovlen = 1;
+        }
+    }
+}
+
+/// The slots one `recvmmsg` fills, and what it said about each.
+struct RecvBatch {
+    /// `BATCH` slots of `RECV_SLOT` bytes.
+    slots: Vec<u8>,
+    addrs: [libc::sockaddr_in; BATCH],
+    iov: [libc::iovec; BATCH],
+    msgs: [libc::mmsghdr; BATCH],
+    /// Datagrams the last `recvmmsg` returned.
+    filled: usize,
+}
+
+// SAFETY: the raw pointers in `iov` and `msgs` point only into the batch's
+// own heap allocations (which never move) and, for a send, into the slice
+// passed to that `flush` (written right before the system call); Rust code
+// never reads through them: between calls they are stale numbers, which any
+// thread may own.
+unsafe impl Send for SendBatch {}
+// SAFETY: as for `SendBatch`.
+unsafe impl Send for RecvBatch {}
+
+/// The all-zero value of a C struct of integers and pointers (a valid one:
+/// zero integers, null pointers).
+fn zeroed<T>() -> T {
+    // SAFETY: used only for libc's plain C structs and arrays of them, for
+    // which all-zero bytes are a valid value.
+    unsafe { std::mem::zeroed() }
+}
+
+/// `addr` as the kernel takes it.
+fn sockaddr_from(addr: SocketAddrV4) -> libc::sockaddr_in {
+    libc::sockaddr_in {
+        sin_family: libc::AF_INET as libc::sa_family_t,
+        sin_port: addr.port().to_be(),
+        sin_addr: libc::in_addr { s_addr: u32::from(*addr.ip()).to_be() },
+        sin_zero: [0; 8],
+    }
+}
+
+/// The address the kernel wrote, if it is IPv4.
+fn sockaddr_to(addr: &libc::sockaddr_in, len: libc::socklen_t) -> Option<SocketAddrV4> {
+    if addr.sin_family != libc::AF_INET as libc::sa_family_t
+        || (len as usize) < std::mem::size_of::<libc::sockaddr_in>()
+    {
+        return None;
+    }
+    Some(SocketAddrV4::new(Ipv4Addr::from(u32::from_be(addr.sin_addr.s_addr)), u16::from_be(addr.sin_port)))
+}
+
+/// A datagram of the last [`Transport::recv_batch`].
+#[derive(Debug)]
+pub struct Datagram<'a> {
+    /// Its bytes (at most [`RECV_SLOT`]).
+    pub bytes: &'a [u8],
+    /// Who sent it.
+    pub from: SocketAddrV4,
+    /// Whether it was longer than [`RECV_SLOT`] and cut.
+    pub truncated: bool,
+}
 
 /// Longest wait for room in a full socket send buffer.
 pub const SEND_STALL: std::time::Duration = std::time::Duration::from_secs(1);
@@ -22,10 +127,12 @@ pub const SEND_STALL: std::time::Duration = std::time::Duration::from_secs(1);
 /// Socket receive buffer asked for, so bursts from many ranks are not lost.
 const RECV_BUFFER_BYTES: libc::c_int = 4 << 20;
 
-/// A bound UDP socket.
+/// A bound UDP socket, with its reusable send and receive batches.
 pub struct Transport {
     socket: UdpSocket,
     local: SocketAddrV4,
+    tx: Box<SendBatch>,
+    rx: Box<RecvBatch>,
 }
 
 impl Transport {
@@ -66,7 +173,23 @@ impl Transport {
             Ok(other) => return Err(Error::Internal(format!("bound to non-IPv4 {other}"))),
             Err(e) => return Err(Error::system("reading the UDP socket's address", e)),
         };
-        Ok(Transport { socket, local })
+        let tx = Box::new(SendBatch {
+            headers: [[0; HDR_LEN]; BATCH],
+            payloads: [(0, 0); BATCH],
+            dests: zeroed(),
+            iov: zeroed(),
+            msgs: zeroed(),
+            len: 0,
+        });
+        let mut rx = Box::new(RecvBatch {
+            slots: vec![0; BATCH * RECV_SLOT],
+            addrs: zeroed(),
+            iov: zeroed(),
+            msgs: zeroed(),
+            filled: 0,
+        });
+        rx.point_at_slots();
+        Ok(Transport { socket, local, tx, rx })
     }
 
     /// The bound address.
@@ -120,7 +243,171 @@ impl Transport {
         }
     }
 
-    fn poll(&self, events: libc::c_short, timeout_ms: i32) -> Result<()> {
+    /// Queues a datagram for the next [`Transport::flush`]: `header`, then
+    /// the bytes `payload` of the source slice given to that flush, to `to`.
+    /// Returns whether the batch is now full (flush it before queueing more).
+    ///
+    /// # Panics
+    ///
+    /// If the batch is already full (a bug of the caller).
+    pub fn queue(&mut self, header: &Header, payload: Range<usize>, to: SocketAddrV4) -> bool {
+        let tx = &mut *self.tx;
+        assert!(tx.len < BATCH, "send batch overflow: flush when queue() says it is full");
+        header.write_to(&mut tx.headers[tx.len]);
+        tx.payloads[tx.len] = (payload.start, payload.end);
+        tx.dests[tx.len] = sockaddr_from(to);
+        tx.len += 1;
+        tx.len == BATCH
+    }
+
+    /// How many datagrams are queued.
+    pub fn queued(&self) -> usize {
+        self.tx.len
+    }
+
+    /// Sends every queued datagram with `sendmmsg`, their payloads taken
+    /// from `source`, and returns how many were sent. While the socket
+    /// buffer is full it waits for room, for [`SEND_STALL`] at most. On an
+    /// error the batch is emptied (what was not sent is lost, as a dropped
+    /// datagram is).
+    pub fn flush(&mut self, source: &[u8]) -> Result<usize> {
+        let count = self.tx.len;
+        self.tx.len = 0;
+        if count == 0 {
+            return Ok(0);
+        }
+        self.prepare_send(count, source)?;
+        let mut sent = 0;
+        let mut stalled_since: Option<Instant> = None;
+        while sent < count {
+            // SAFETY: `msgs[sent..count]` were just made to point at live
+            // headers, addresses and `source` (prepare_send).
+            let rc = unsafe {
+                libc::sendmmsg(
+                    self.socket.as_raw_fd(),
+                    self.tx.msgs[sent..count].as_mut_ptr(),
+                    (count - sent) as libc::c_uint,
+                    0,
+                )
+            };
+            if rc >= 0 {
+                sent += rc as usize;
+                stalled_since = None;
+                continue;
+            }
+            let err = io::Error::last_os_error();
+            match err.kind() {
+                io::ErrorKind::WouldBlock => {
+                    let since = *stalled_since.get_or_insert_with(Instant::now);
+                    if since.elapsed() >= SEND_STALL {
+                        return Err(Error::system("sendmmsg: no room in the socket buffer", err));
+                    }
+                    self.poll(libc::POLLOUT, 1)?;
+                }
+                // An ICMP error of an earlier datagram: not this batch's.
+                io::ErrorKind::Interrupted | io::ErrorKind::ConnectionRefused => {}
+                _ => return Err(Error::system(format!("sendmmsg of {} datagrams", count - sent), err)),
+            }
+        }
+        Ok(count)
+    }
+
+    /// Points the message headers of the first `count` queued datagrams at
+    /// their header, payload and address.
+    fn prepare_send(&mut self, count: usize, source: &[u8]) -> Result<()> {
+        let tx = &mut *self.tx;
+        for i in 0..count {
+            let (start, end) = tx.payloads[i];
+            let payload = source.get(start..end).ok_or_else(|| {
+                Error::Internal(format!("queued payload {start}..{end} is outside the {}-byte source", source.len()))
+            })?;
+            tx.iov[i] = [
+                libc::iovec { iov_base: tx.headers[i].as_mut_ptr().cast(), iov_len: HDR_LEN },
+                // The kernel only reads through it (sendmmsg).
+                libc::iovec { iov_base: payload.as_ptr().cast_mut().cast(), iov_len: payload.len() },
+            ];
+            let msg = &mut tx.msgs[i];
+            msg.msg_hdr = zeroed();
+            msg.msg_hdr.msg_name = (&raw mut tx.dests[i]).cast();
+            msg.msg_hdr.msg_namelen = std::mem::size_of::<libc::sockaddr_in>() as libc::socklen_t;
+            msg.msg_hdr.msg_iov = tx.iov[i].as_mut_ptr();
+            msg.msg_hdr.msg_iovlen = if payload.is_empty() { 1 } else { 2 };
+            msg.msg_len = 0;
+        }
+        Ok(())
+    }
+
+    /// Receives up to [`BATCH`] datagrams already queued on the socket with
+    /// one `recvmmsg`, without waiting; returns how many (0 when none is
+    /// queued). They stay readable with [`Transport::datagram`] until the
+    /// next call.
+    pub fn recv_batch(&mut self) -> Result<usize> {
+        self.prepare_recv();
+        self.rx.filled = 0;
+        loop {
+            // SAFETY: `msgs` point at BATCH slots of RECV_SLOT bytes and
+            // BATCH addresses, all owned by `self.rx` (point_at_slots).
+            let rc = unsafe {
+                libc::recvmmsg(
+                    self.socket.as_raw_fd(),
+                    self.rx.msgs.as_mut_ptr(),
+                    BATCH as libc::c_uint,
+                    libc::MSG_DONTWAIT,
+                    std::ptr::null_mut(),
+                )
+            };
+            if rc >= 0 {
+                self.rx.filled = rc as usize;
+                return Ok(self.rx.filled);
+            }
+            let err = io::Error::last_os_error();
+            match err.kind() {
+                io::ErrorKind::WouldBlock => return Ok(0),
+                // See `recv`: an ICMP error of an earlier send.
+                io::ErrorKind::Interrupted | io::ErrorKind::ConnectionRefused => {}
+                _ => return Err(Error::system("recvmmsg", err)),
+            }
+        }
+    }
+
+    /// Resets what `recvmmsg` wrote into the messages of the last batch.
+    fn prepare_recv(&mut self) {
+        for msg in &mut self.rx.msgs[..self.rx.filled] {
+            msg.msg_hdr.msg_namelen = std::mem::size_of::<libc::sockaddr_in>() as libc::socklen_t;
+            msg.msg_hdr.msg_flags = 0;
+            msg.msg_len = 0;
+        }
+    }
+
+    /// Datagram `i` of the last [`Transport::recv_batch`], or `None` when
+    /// it came from a non-IPv4 address.
+    ///
+    /// # Panics
+    ///
+    /// If `i` is not below what that call returned.
+    pub fn datagram(&self, i: usize) -> Option<Datagram<'_>> {
+        assert!(i < self.rx.filled, "datagram {i} of a batch of {}", self.rx.filled);
+        let msg = &self.rx.msgs[i];
+        let from = sockaddr_to(&self.rx.addrs[i], msg.msg_hdr.msg_namelen)?;
+        let len = (msg.msg_len as usize).min(RECV_SLOT);
+        let slot = &self.rx.slots[i * RECV_SLOT..(i + 1) * RECV_SLOT];
+        Some(Datagram { bytes: &slot[..len], from, truncated: msg.msg_hdr.msg_flags & libc::MSG_TRUNC != 0 })
+    }
+
+    /// Waits until a datagram is queued on the socket or `deadline` passes;
+    /// returns whether one may be there (a signal may wake it early).
+    pub fn wait_readable(&self, deadline: Instant) -> Result<bool> {
+        let now = Instant::now();
+        if now >= deadline {
+            return Ok(false);
+        }
+        // Round up so a sub-millisecond wait still sleeps.
+        let ms = ((deadline - now).as_micros().div_ceil(1000)).min(i32::MAX as u128) as i32;
+        self.poll(libc::POLLIN, ms)
+    }
+
+    /// Polls the socket for `events`; returns whether it is ready.
+    fn poll(&self, events: libc::c_short, timeout_ms: i32) -> Result<bool> {
         let mut fd = libc::pollfd { fd: self.socket.as_raw_fd(), events, revents: 0 };
         // SAFETY: one valid pollfd.
         let rc = unsafe { libc::poll(&mut fd, 1, timeout_ms) };
@@ -130,7 +417,7 @@ impl Transport {
                 return Err(Error::system("poll on the UDP socket", err));
             }
         }
-        Ok(())
+        Ok(rc > 0)
     }
 }
 
@@ -155,5 +442,67 @@ mod tests {
         let none = b.recv(&mut buf, start + Duration::from_millis(20)).unwrap();
         assert_eq!(none, None);
         assert!(start.elapsed() >= Duration::from_millis(20));
+    }
+
+    /// Everything in the batches received so far, as (header chunk, payload).
+    fn drain(b: &mut Transport, want: usize) -> Vec<(u32, Vec<u8>)> {
+        let mut got = Vec::new();
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while got.len() < want && Instant::now() < deadline {
+            let n = b.recv_batch().unwrap();
+            assert!(n <= BATCH);
+            if n == 0 {
+                b.wait_readable(deadline).unwrap();
+            }
+            for i in 0..n {
+                let datagram = b.datagram(i).unwrap();
+                let (header, _) = Header::read_from(datagram.bytes).unwrap();
+                assert!(!datagram.truncated);
+                got.push((header.chunk, datagram.bytes[HDR_LEN..].to_vec()));
+            }
+        }
+        got
+    }
+
+    #[test]
+    fn batches_of_datagrams_with_payloads_from_a_source() {
+        let mut a = Transport::bind(Ipv4Addr::LOCALHOST, 0).unwrap();
+        let mut b = Transport::bind(Ipv4Addr::LOCALHOST, 0).unwrap();
+        let source: Vec<u8> = (0..=255).collect();
+        let mut header = Header::new(crate::wire::Kind::BcastData, 1, 2, 0, 3);
+        for i in 0..(BATCH + 6) {
+            header.chunk = i as u32;
+            let payload = if i % 2 == 0 { i..i + 10 } else { 0..0 };
+            if a.queue(&header, payload, b.local_addr()) {
+                assert_eq!(a.queued(), BATCH);
+                assert_eq!(a.flush(&source).unwrap(), BATCH);
+            }
+        }
+        assert_eq!(a.flush(&source).unwrap(), 6);
+        assert_eq!(a.queued(), 0);
+        let got = drain(&mut b, BATCH + 6);
+        assert_eq!(got.len(), BATCH + 6);
+        for (i, (chunk, payload)) in got.iter().enumerate() {
+            assert_eq!(*chunk as usize, i, "in order");
+            let want: Vec<u8> = if i % 2 == 0 { (i as u8..i as u8 + 10).collect() } else { vec![] };
+            assert_eq!(payload, &want);
+        }
+        assert_eq!(b.datagram(0).unwrap().from, a.local_addr());
+
+        // A payload outside the source is refused, not sent.
+        a.queue(&header, 250..260, b.local_addr());
+        let err = a.flush(&source).unwrap_err();
+        assert_eq!(err.status(), crate::Status::Internal);
+        assert_eq!(a.queued(), 0);
+
+        // Longer than a slot: received cut, and said so.
+        let big = vec![7u8; RECV_SLOT + 100];
+        a.send(&big, b.local_addr()).unwrap();
+        b.wait_readable(Instant::now() + Duration::from_secs(5)).unwrap();
+        assert_eq!(b.recv_batch().unwrap(), 1);
+        let datagram = b.datagram(0).unwrap();
+        assert!(datagram.truncated);
+        assert_eq!(datagram.bytes.len(), RECV_SLOT);
+        assert_eq!(b.recv_batch().unwrap(), 0, "nothing more");
     }
 }

@@ -59,6 +59,9 @@ pub enum Kind {
     BcastAck = 7,
     /// any -> any: "broadcast `seq` failed: rank `count`".
     BcastAbort = 8,
+    /// XDP -> its own host's socket: chunks of broadcast `seq` landed in the
+    /// receive window (`count` of them); `chunk` is one it did not ACK.
+    BcastLanded = 9,
 }
 
 impl Kind {
@@ -73,6 +76,7 @@ impl Kind {
             6 => Kind::BcastData,
             7 => Kind::BcastAck,
             8 => Kind::BcastAbort,
+            9 => Kind::BcastLanded,
             _ => return None,
         })
     }
@@ -210,6 +214,7 @@ mod tests {
                 "AGGBOX_KIND_BCAST_DATA",
                 "AGGBOX_KIND_BCAST_ACK",
                 "AGGBOX_KIND_BCAST_ABORT",
+                "AGGBOX_KIND_BCAST_LANDED",
                 "AGGBOX_KIND_MAX",
             ]
             .map(String::from),
@@ -247,7 +252,8 @@ mod tests {
             Kind::BcastData as u64,
             Kind::BcastAck as u64,
             Kind::BcastAbort as u64,
-            Kind::BcastAbort as u64 + 1,
+            Kind::BcastLanded as u64,
+            Kind::BcastLanded as u64 + 1,
         ];
         assert_eq!(rust, c);
     }

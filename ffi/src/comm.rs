@@ -18,6 +18,7 @@ use crate::{
         try_write, value_call,
     },
     config::aggbox_config,
+    progress::{Progress, SharedComm},
     types::{aggbox_datapath, aggbox_status},
 };
 
@@ -27,8 +28,10 @@ use crate::{
 /// used from any thread, but by one thread at a time: a call made while
 /// another thread is inside a call on the same communicator fails with
 /// `AGGBOX_ERR_INVALID_ARGUMENT` (the getters of rank, size, datapath and
-/// datapath reason may be called even then). `aggbox_comm_destroy` must not
-/// race any call on it: see there.
+/// datapath reason may be called even then). Its asynchronous operations
+/// (`aggbox_ibroadcast`) run on a progress thread of its own, started by
+/// the first of them; while any is pending, blocking calls queue behind it.
+/// `aggbox_comm_destroy` must not race any call on it: see there.
 pub struct aggbox_comm {
     /// What never changes, readable without the lock.
     rank: c_int,
@@ -41,8 +44,11 @@ pub struct aggbox_comm {
     /// [`CommRef`]): `aggbox_comm_destroy` frees it only when it is alone.
     calls: AtomicUsize,
     /// The communicator, `None` once `aggbox_comm_destroy` has taken it out;
-    /// the lock is only ever tried, never waited for.
-    comm: Mutex<Option<Comm>>,
+    /// the lock is only ever tried by calling threads, never waited for
+    /// (only the progress thread waits for it).
+    comm: SharedComm,
+    /// The progress thread of asynchronous operations.
+    progress: Progress,
 }
 
 // The handle moves between the threads of its C caller (one at a time), so
@@ -65,8 +71,29 @@ impl aggbox_comm {
             datapath: comm.datapath().into(),
             datapath_reason: c_text(comm.datapath_reason().unwrap_or_default()).into(),
             calls: AtomicUsize::new(0),
-            comm: Mutex::new(Some(comm)),
+            comm: std::sync::Arc::new(Mutex::new(Some(comm))),
+            progress: Progress::default(),
         })
+    }
+
+    /// Number of ranks of the group.
+    pub(crate) fn size(&self) -> c_int {
+        self.size
+    }
+
+    /// This process's rank.
+    pub(crate) fn rank(&self) -> c_int {
+        self.rank
+    }
+
+    /// The communicator, as the progress thread shares it.
+    pub(crate) fn shared_comm(&self) -> &SharedComm {
+        &self.comm
+    }
+
+    /// The progress thread, to run or queue an operation on.
+    pub(crate) fn progress(&self) -> &Progress {
+        &self.progress
     }
 }
 
@@ -197,7 +224,9 @@ pub unsafe extern "C" fn aggbox_comm_init_from_env(out: *mut *mut aggbox_comm) -
 }
 
 /// Leaves the group and frees `comm` and everything it holds. NULL is a
-/// no-op.
+/// no-op. Asynchronous operations still pending on `comm` are finished
+/// first (this waits for them), and its progress thread is stopped; their
+/// requests stay valid, to be waited for and freed.
 ///
 /// Destroying a communicator while another thread may be using it is a bug
 /// of the caller; the library makes it an error where it can see it, and
@@ -231,6 +260,8 @@ pub unsafe extern "C" fn aggbox_comm_destroy(comm: *mut aggbox_comm) {
         }
         // SAFETY: a live communicator (the caller's promise).
         let handle = unsafe { CommRef::new(comm) }?;
+        // Its operations end first: they hold the communicator's lock.
+        handle.progress.shutdown();
         // Check and take under one lock: once it is released, a call that
         // gets the lock finds `None`.
         let taken = {
@@ -350,7 +381,8 @@ pub unsafe extern "C" fn aggbox_comm_datapath_reason(
 
 /// Blocks until every rank of the group has called `aggbox_barrier`. Fails
 /// with `AGGBOX_ERR_PEER_FAILED` naming a rank that did not arrive within the
-/// timeout.
+/// timeout. While an asynchronous operation on `comm` is pending, it queues
+/// behind it.
 ///
 /// # Safety
 ///
@@ -360,10 +392,13 @@ pub unsafe extern "C" fn aggbox_barrier(comm: *mut aggbox_comm) -> aggbox_status
     status_call("aggbox_barrier", || {
         // SAFETY: the caller's promise.
         let handle = unsafe { CommRef::new(comm) }?;
-        let mut comm = handle.lock()?;
-        comm.barrier()
+        handle.progress.run(&handle, |comm| comm.barrier())
     })
 }
+
+// The collectives with buffers, in a file of their own.
+mod broadcast;
+pub use broadcast::*;
 
 #[cfg(test)]
 mod tests {

@@ -16,7 +16,9 @@
 //!   length and struct `size` against what this library knows; a C enum is
 //!   taken as its integer and checked, never as a Rust enum.
 //! - **Ownership**: what `aggbox_*_init` returns is freed by the matching
-//!   `_destroy`; the library keeps no caller pointer after a call returns.
+//!   `_destroy`, a request of `aggbox_ibroadcast` by `aggbox_request_free`;
+//!   the library keeps no caller pointer after a call returns, except the
+//!   buffer of an asynchronous operation, until that operation finishes.
 //! - **Threads**: a communicator may be used from any thread, one thread at a
 //!   time; a second thread calling while a call is in progress gets
 //!   `AGGBOX_ERR_INVALID_ARGUMENT`, not undefined behaviour. The exception
@@ -24,6 +26,11 @@
 //!   another call on the same communicator is a caller bug, which the
 //!   library makes an error where it can (see there), but a call that
 //!   reaches the handle once it is freed is a use after free.
+//! - **Asynchronous operations** run on one progress thread per
+//!   communicator (`src/progress.rs`), started by the first of them, in
+//!   the order they were started; a blocking call made while any is pending
+//!   queues behind them (collectives run in the same order on every rank),
+//!   and destroying the communicator waits for them.
 
 #![warn(missing_docs)]
 #![deny(unsafe_op_in_unsafe_fn)]
@@ -37,12 +44,15 @@ mod boundary;
 pub mod comm;
 pub mod config;
 pub mod error;
+mod progress;
+pub mod request;
 pub mod stats;
 pub mod types;
 
 pub use comm::*;
 pub use config::*;
 pub use error::*;
+pub use request::*;
 pub use stats::*;
 pub use types::*;
 

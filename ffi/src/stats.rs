@@ -121,6 +121,14 @@ pub struct aggbox_stats {
     /// [AGGBOX_STAT_ACCEPTED]`. They are per interface, shared by every
     /// communicator attached there, and all zero on the user datapath.
     pub kernel: [[u64; AGGBOX_STAT_COUNT]; AGGBOX_PROG_COUNT],
+    /// Broadcasts completed (as root or receiver).
+    pub broadcasts: u64,
+    /// Broadcast chunks sent as root, first transmissions only: one per
+    /// chunk and receiver (repeats count in `retransmits`).
+    pub bcast_chunks_sent: u64,
+    /// Acknowledgments of its own broadcasts' chunks a root received
+    /// (repeats included; those also count in `duplicates`).
+    pub bcast_acks_received: u64,
 }
 
 /// The smallest `size` accepted: up to and including `datapath`.
@@ -139,6 +147,9 @@ impl aggbox_stats {
             dropped_malformed,
             dropped_foreign,
             barriers,
+            broadcasts,
+            bcast_chunks_sent,
+            bcast_acks_received,
         } = stats.user;
         aggbox_stats {
             size,
@@ -151,6 +162,9 @@ impl aggbox_stats {
             dropped_foreign,
             barriers,
             kernel: stats.kernel.counters,
+            broadcasts,
+            bcast_chunks_sent,
+            bcast_acks_received,
         }
     }
 
@@ -181,7 +195,10 @@ impl aggbox_stats {
             dropped_malformed,
             dropped_foreign,
             barriers,
-            kernel
+            kernel,
+            broadcasts,
+            bcast_chunks_sent,
+            bcast_acks_received
         );
     }
 }
@@ -206,7 +223,7 @@ pub unsafe extern "C" fn aggbox_comm_stats(
         let comm = unsafe { CommRef::new(comm) }?;
         let size =
             unsafe { sized_struct_size(stats.cast_const(), "stats", "aggbox_stats", MIN_SIZE) }?;
-        let snapshot = comm.lock()?.stats()?;
+        let snapshot = comm.progress().run(&comm, |comm| comm.stats())?;
         // SAFETY: `size` bytes are writable (the caller's promise) and
         // within `aggbox_stats` (checked).
         unsafe { aggbox_stats::from_core(&snapshot, size).write_to(stats) };

@@ -11,7 +11,7 @@
 
 use std::os::raw::c_int;
 
-use aggbox_core::{Datapath, Status};
+use aggbox_core::{Datapath, Dtype, Status};
 
 /// Status of a call: `AGGBOX_OK`, or why it failed. When a call returns
 /// anything but `AGGBOX_OK`, `aggbox_last_error` on the same thread tells
@@ -23,7 +23,9 @@ pub enum aggbox_status {
     AGGBOX_OK = 0,
     /// The caller passed something unusable (a NULL pointer, a size or rank
     /// out of range, a communicator another thread is using); nothing was
-    /// sent.
+    /// sent. Also the status of a collective whose calls disagree across
+    /// the ranks (another root, element type or count): every rank gets it,
+    /// with a message that says "mismatched collective calls" and how.
     AGGBOX_ERR_INVALID_ARGUMENT = 1,
     /// An operation did not complete within the configured timeout and no
     /// particular peer is to blame.
@@ -143,7 +145,8 @@ impl From<aggbox_datapath> for Datapath {
     }
 }
 
-/// Element type of a buffer in a collective (for the collectives to come).
+/// Element type of a buffer in a collective. The values are the wire
+/// codes of the datagram header's `dtype` byte.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum aggbox_dtype {
@@ -163,8 +166,44 @@ pub enum aggbox_dtype {
     AGGBOX_DTYPE_F64 = 6,
 }
 
-/// An `aggbox_dtype` as C passes it. Named `aggbox_dtype` in the header.
+/// An `aggbox_dtype` as C passes it, checked with
+/// [`aggbox_dtype::from_raw`]. Named `aggbox_dtype` in the header.
 pub type RawDtype = c_int;
+
+impl aggbox_dtype {
+    /// Every element type, in value order.
+    /// cbindgen:ignore
+    pub const ALL: [aggbox_dtype; 7] = [
+        aggbox_dtype::AGGBOX_DTYPE_U8,
+        aggbox_dtype::AGGBOX_DTYPE_I32,
+        aggbox_dtype::AGGBOX_DTYPE_I64,
+        aggbox_dtype::AGGBOX_DTYPE_U32,
+        aggbox_dtype::AGGBOX_DTYPE_U64,
+        aggbox_dtype::AGGBOX_DTYPE_F32,
+        aggbox_dtype::AGGBOX_DTYPE_F64,
+    ];
+
+    /// The element type whose value is `raw`, if there is one.
+    pub fn from_raw(raw: RawDtype) -> Option<Self> {
+        Self::ALL
+            .into_iter()
+            .find(|dtype| *dtype as RawDtype == raw)
+    }
+}
+
+impl From<aggbox_dtype> for Dtype {
+    fn from(dtype: aggbox_dtype) -> Self {
+        match dtype {
+            aggbox_dtype::AGGBOX_DTYPE_U8 => Dtype::U8,
+            aggbox_dtype::AGGBOX_DTYPE_I32 => Dtype::I32,
+            aggbox_dtype::AGGBOX_DTYPE_I64 => Dtype::I64,
+            aggbox_dtype::AGGBOX_DTYPE_U32 => Dtype::U32,
+            aggbox_dtype::AGGBOX_DTYPE_U64 => Dtype::U64,
+            aggbox_dtype::AGGBOX_DTYPE_F32 => Dtype::F32,
+            aggbox_dtype::AGGBOX_DTYPE_F64 => Dtype::F64,
+        }
+    }
+}
 
 /// Reduction of a collective (for the collectives to come).
 #[repr(C)]
@@ -220,6 +259,17 @@ mod tests {
         }
         assert_eq!(aggbox_datapath::from_raw(3), None);
         assert_eq!(aggbox_datapath::from_raw(c_int::MIN), None);
+    }
+
+    #[test]
+    fn dtype_values_are_the_wire_codes() {
+        for (c, core) in aggbox_dtype::ALL.into_iter().zip(Dtype::ALL) {
+            assert_eq!(Dtype::from(c), core);
+            assert_eq!(c as RawDtype, core.code() as RawDtype, "{c:?}");
+            assert_eq!(aggbox_dtype::from_raw(c as RawDtype), Some(c));
+        }
+        assert_eq!(aggbox_dtype::from_raw(7), None);
+        assert_eq!(aggbox_dtype::from_raw(-1), None);
     }
 
     #[test]

@@ -176,6 +176,43 @@ fn barrier_example_reports_errors() {
     );
 }
 
+/// One rank on the user datapath: every size broadcast (to nobody), checked
+/// and timed, asynchronously and blocking.
+#[test]
+fn broadcast_example_runs_alone() {
+    let program = build(&cc(), "c11", &example("broadcast.c"), "broadcast_run");
+    let output = Command::new(&program)
+        .args(["0", "1", "1433", "1048576"])
+        .env("RANK", "0")
+        .env("WORLD_SIZE", "1")
+        .env("MASTER_ADDR", "127.0.0.1")
+        .env("AGGBOX_DATAPATH", "user")
+        .env_remove("AGGBOX_IFACE")
+        .env_remove("AGGBOX_PORT")
+        .env_remove("MASTER_PORT")
+        .output()
+        .unwrap();
+    assert!(output.status.success(), "broadcast failed: {}", show(&output));
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    let lines: Vec<&str> = stdout.lines().collect();
+    assert_eq!(lines.len(), 4, "one line per size: {}", show(&output));
+    for (line, bytes) in lines.iter().zip(["0", "1", "1433", "1048576"]) {
+        assert!(
+            line.starts_with(&format!("rank=0 size=1 datapath=user bytes={bytes} iterations=")),
+            "{}",
+            show(&output)
+        );
+        assert!(line.contains(" errors=0 "), "{}", show(&output));
+    }
+}
+
+#[test]
+fn broadcast_example_rejects_a_bad_size() {
+    let program = build(&cc(), "c11", &example("broadcast.c"), "broadcast_usage");
+    let output = Command::new(&program).arg("12x").output().unwrap();
+    assert_eq!(output.status.code(), Some(2), "{}", show(&output));
+}
+
 /// The C compiler lays the structs out as Rust does: every field's offset
 /// and every struct's size.
 #[test]
@@ -198,7 +235,8 @@ fn struct_layouts_match_rust() {
         size, rank, world_size, master_addr, master_port, iface, port, datapath, timeout_ms)
     .chain(layout!(aggbox_stats:
         size, datapath, packets_sent, packets_received, retransmits, duplicates,
-        dropped_malformed, dropped_foreign, barriers, kernel))
+        dropped_malformed, dropped_foreign, barriers, kernel, broadcasts, bcast_chunks_sent,
+        bcast_acks_received))
     .collect();
 
     let mut source = String::from(

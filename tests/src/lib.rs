@@ -72,6 +72,36 @@ pub fn number(fields: &HashMap<String, String>, key: &str) -> u64 {
     fields.get(key).unwrap_or_else(|| panic!("no {key} in {fields:?}")).parse().unwrap()
 }
 
+/// Fills `buf` from a seeded xorshift64 generator: the same `seed` gives the
+/// same bytes on every rank, so a receiver can check a broadcast byte for
+/// byte without being sent the expected buffer.
+pub fn fill_random(buf: &mut [u8], seed: u64) {
+    let mut state = seed ^ 0x9E37_79B9_7F4A_7C15;
+    if state == 0 {
+        state = 1;
+    }
+    let mut next = move || {
+        state ^= state << 13;
+        state ^= state >> 7;
+        state ^= state << 17;
+        state.to_le_bytes()
+    };
+    let mut words = buf.chunks_exact_mut(8);
+    for word in &mut words {
+        word.copy_from_slice(&next());
+    }
+    let rest = words.into_remainder();
+    let last = next();
+    rest.copy_from_slice(&last[..rest.len()]);
+}
+
+/// The seed of the buffer that `root` broadcasts in a case of `size`
+/// bytes, derived from the run's `seed`: every (root, size) case sends
+/// other bytes, so a chunk left over from another case is caught.
+pub fn case_seed(seed: u64, root: usize, size: usize) -> u64 {
+    seed.wrapping_mul(0x100_0000_01b3) ^ ((root as u64) << 48) ^ size as u64
+}
+
 /// A rank process; killed when dropped, so a failing test leaves none.
 pub struct RankProcess {
     /// The child.

@@ -1,0 +1,261 @@
+//! Broadcast across processes in an 8-host virtual cluster (MTU 1500, so
+//! chunks of P = 1432 bytes): every size that matters (0, 1, P-1, P, P+1,
+//! 1 MiB + 7, 64 MiB) from every root (64 MiB from two), on the user and
+//! kernel datapaths and mixed; the same under injected loss and
+//! duplication; a receiver killed in the middle of a 64 MiB broadcast;
+//! mismatched calls; and the C example. Every receiver regenerates the
+//! root's buffer from the seed and compares byte for byte.
+//!
+//! The tests run one at a time (they share two cores): each takes `SERIAL`.
+
+use std::{
+    collections::HashMap,
+    path::PathBuf,
+    sync::Mutex,
+    time::{Duration, Instant},
+};
+
+use aggbox_core::{cluster::Cluster, fault::FaultSpec, wire};
+use aggbox_tests::{c_example, fields, number, RankProcess};
+
+const HOSTS: usize = 8;
+const MASTER_PORT: u16 = 29_500;
+/// The chunk size at MTU 1500.
+const P: usize = 1432;
+const MIB: usize = 1 << 20;
+/// The seed of every run's buffers.
+const SEED: &str = "20261202";
+
+/// Held by each test for its whole run.
+static SERIAL: Mutex<()> = Mutex::new(());
+
+fn serial() -> std::sync::MutexGuard<'static, ()> {
+    SERIAL.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
+fn rank_binary() -> PathBuf {
+    env!("CARGO_BIN_EXE_aggbox-bcast-rank").into()
+}
+
+fn user(_: usize) -> &'static str {
+    "user"
+}
+
+fn kernel(_: usize) -> &'static str {
+    "kernel"
+}
+
+/// Even ranks on the kernel datapath, odd ranks on the user datapath.
+fn mixed(rank: usize) -> &'static str {
+    if rank.is_multiple_of(2) {
+        "kernel"
+    } else {
+        "user"
+    }
+}
+
+/// The `--case` arguments of the full size matrix: every small size and
+/// 1 MiB + 7 from every root, 64 MiB from roots 0 and 5.
+fn full_matrix() -> Vec<String> {
+    let mut cases: Vec<String> = [0, 1, P - 1, P, P + 1, MIB + 7].iter().map(|s| format!("{s}:all")).collect();
+    cases.push(format!("{}:0,5", 64 * MIB));
+    cases
+}
+
+/// How many broadcasts `cases` makes.
+fn broadcasts_in(cases: &[String]) -> usize {
+    cases.iter().map(|c| c.split_once(':').unwrap().1).map(|r| if r == "all" { HOSTS } else { r.split(',').count() }).sum()
+}
+
+/// Starts one rank per host running the rank program with `args`.
+fn spawn(cluster: &Cluster, datapath_of: &dyn Fn(usize) -> &'static str, args: &[String], env: &[(&str, &str)]) -> Vec<RankProcess> {
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    (0..HOSTS)
+        .map(|i| RankProcess::spawn(cluster, i, 0, MASTER_PORT, i, HOSTS, datapath_of(i), &rank_binary(), &args, env))
+        .collect()
+}
+
+/// The rank program's arguments for `cases`.
+fn case_args(cases: &[String]) -> Vec<String> {
+    let mut args = vec!["--seed".to_string(), SEED.into()];
+    for case in cases {
+        args.push("--case".into());
+        args.push(case.clone());
+    }
+    args
+}
+
+/// Runs `cases` on every host with `datapath_of`; checks that every rank
+/// matched every broadcast and returns each rank's report.
+fn run_cases(cluster: &Cluster, datapath_of: &dyn Fn(usize) -> &'static str, cases: &[String]) -> Vec<HashMap<String, String>> {
+    let start = Instant::now();
+    let ranks = spawn(cluster, datapath_of, &case_args(cases), &[]);
+    let expected = broadcasts_in(cases);
+    let reports: Vec<_> = ranks
+        .into_iter()
+        .enumerate()
+        .map(|(i, rank)| {
+            let (code, lines) = rank.finish(Duration::from_secs(150));
+            assert_eq!(code, 0, "rank {i} ({}) failed: {lines:?}", datapath_of(i));
+            let matched = lines.iter().filter(|l| l.starts_with("bcast ") && l.contains(" match=1 ")).count();
+            assert_eq!(matched, expected, "rank {i}: {lines:?}");
+            let report = fields(lines.iter().find(|l| l.starts_with("report ")).expect("report line"));
+            assert_eq!(report["datapath"], datapath_of(i), "rank {i}: {report:?}");
+            assert_eq!(number(&report, "chunk"), P as u64);
+            assert_eq!(number(&report, "broadcasts"), expected as u64);
+            if datapath_of(i) == "kernel" {
+                assert!(number(&report, "xdp_accepted") >= number(&report, "received"), "rank {i}: every datagram passed XDP: {report:?}");
+            }
+            if i == 0 {
+                print_timings(&lines);
+            }
+            report
+        })
+        .collect();
+    eprintln!("{} broadcasts on {HOSTS} ranks in {:?}", expected, start.elapsed());
+    reports
+}
+
+/// Prints rank 0's time for each size (the slowest root's), for the log.
+fn print_timings(lines: &[String]) {
+    let mut by_size: Vec<(u64, u64)> = Vec::new();
+    for line in lines.iter().filter(|l| l.starts_with("bcast ")) {
+        let f = fields(line);
+        let (size, us) = (number(&f, "size"), number(&f, "us"));
+        match by_size.iter_mut().find(|(s, _)| *s == size) {
+            Some(entry) => entry.1 = entry.1.max(us),
+            None => by_size.push((size, us)),
+        }
+    }
+    let text: Vec<String> = by_size.iter().map(|(s, us)| format!("{s}B:{us}us")).collect();
+    eprintln!("rank 0, slowest root per size: {}", text.join(" "));
+}
+
+/// Each root sends each of its chunks once to each receiver (first
+/// transmissions).
+fn expected_chunks(cases: &[String]) -> u64 {
+    cases
+        .iter()
+        .map(|c| {
+            let (size, roots) = c.split_once(':').unwrap();
+            let roots = if roots == "all" { HOSTS } else { roots.split(',').count() };
+            let chunks = aggbox_core::broadcast::chunk_count(size.parse().unwrap(), P);
+            (chunks * roots * (HOSTS - 1)) as u64
+        })
+        .sum()
+}
+
+fn total(reports: &[HashMap<String, String>], key: &str) -> u64 {
+    reports.iter().map(|r| number(r, key)).sum()
+}
+
+#[test]
+fn every_size_from_every_root_on_each_datapath() {
+    let _serial = serial();
+    assert_eq!(wire::chunk_size(1500), P);
+    let cluster = Cluster::temporary(HOSTS).unwrap();
+    let cases = full_matrix();
+    for datapath_of in [user as fn(usize) -> &'static str, kernel, mixed] {
+        let reports = run_cases(&cluster, &datapath_of, &cases);
+        assert_eq!(total(&reports, "chunks_sent"), expected_chunks(&cases));
+        assert!(total(&reports, "acks_received") >= expected_chunks(&cases));
+    }
+}
+
+#[test]
+fn loss_and_duplication_are_repaired() {
+    let _serial = serial();
+    let mut cluster = Cluster::temporary(HOSTS).unwrap();
+    cluster.inject_faults(FaultSpec::percent(10.0, 2.0)).unwrap();
+    let mut cases: Vec<String> = [0, 1, P - 1, P, P + 1, MIB + 7].iter().map(|s| format!("{s}:all")).collect();
+    cases.push(format!("{}:5", 64 * MIB));
+    for datapath_of in [user as fn(usize) -> &'static str, kernel, mixed] {
+        let before = cluster.fault_stats().unwrap();
+        let reports = run_cases(&cluster, &datapath_of, &cases);
+        let after = cluster.fault_stats().unwrap();
+        let dropped: u64 = after.iter().zip(&before).map(|(a, b)| a.dropped - b.dropped).sum();
+        let duplicated: u64 = after.iter().zip(&before).map(|(a, b)| a.duplicated - b.duplicated).sum();
+        assert!(dropped > 0 && duplicated > 0, "the fault program dropped {dropped} and duplicated {duplicated}");
+        assert!(total(&reports, "retransmits") > 0, "the loss was repaired by retransmissions: {reports:?}");
+        assert!(total(&reports, "duplicates") > 0, "duplicates were seen and not placed twice");
+        assert_eq!(total(&reports, "chunks_sent"), expected_chunks(&cases), "first transmissions");
+    }
+}
+
+#[test]
+fn a_receiver_killed_mid_broadcast_fails_every_survivor() {
+    let _serial = serial();
+    let cluster = Cluster::temporary(HOSTS).unwrap();
+    let timeout = Duration::from_millis(5000);
+    let mut args = case_args(&[format!("{}:0", 64 * MIB)]);
+    args.push("--forever".into());
+    let mut ranks = spawn(&cluster, &mixed, &args, &[("AGGBOX_TIMEOUT_MS", "5000")]);
+    let victim = 3;
+    // After the first broadcast, kill it while the next is under way.
+    ranks[victim].wait_for("bcast ");
+    std::thread::sleep(Duration::from_millis(100));
+    ranks[victim].child.kill().unwrap();
+    let killed = Instant::now();
+    for (i, rank) in ranks.into_iter().enumerate().filter(|(i, _)| *i != victim) {
+        let (code, lines) = rank.finish(timeout * 3);
+        let elapsed = killed.elapsed();
+        assert_eq!(code, 1, "rank {i}: {lines:?}");
+        let error = lines.iter().find(|l| l.starts_with("error ")).unwrap_or_else(|| panic!("rank {i}: {lines:?}"));
+        let message = error.split_once("message=").map_or("", |(_, m)| m).to_string();
+        let mut error = fields(error);
+        error.insert("message".into(), message);
+        assert_eq!(error["status"], "PeerFailed", "rank {i}: {lines:?}");
+        assert_eq!(error["blamed"], victim.to_string(), "rank {i} names the killed rank: {lines:?}");
+        // The timeout, and what the survivor took to tell the others and close.
+        assert!(elapsed < timeout + Duration::from_secs(3), "rank {i} exited {elapsed:?} after the kill");
+        eprintln!("rank {i} exited {elapsed:?} after the kill: {}", error["message"]);
+    }
+}
+
+#[test]
+fn mismatched_counts_and_roots_fail_every_rank() {
+    let _serial = serial();
+    let cluster = Cluster::temporary(HOSTS).unwrap();
+    for mismatch in ["count", "root"] {
+        let mut args = case_args(&[format!("{}:0", MIB + 7)]);
+        args.extend(["--mismatch".into(), mismatch.into(), "--at".into(), "5".into()]);
+        let start = Instant::now();
+        let ranks = spawn(&cluster, &mixed, &args, &[]);
+        for (i, rank) in ranks.into_iter().enumerate() {
+            let (code, lines) = rank.finish(Duration::from_secs(60));
+            assert_eq!(code, 1, "{mismatch}: rank {i}: {lines:?}");
+            let error = fields(lines.iter().find(|l| l.starts_with("error ")).expect("an error line"));
+            assert_eq!(error["status"], "InvalidArgument", "{mismatch}: rank {i}: {lines:?}");
+            assert!(lines.iter().any(|l| l.contains("mismatched collective calls")), "{mismatch}: rank {i}: {lines:?}");
+        }
+        assert!(start.elapsed() < Duration::from_secs(10), "{mismatch}: every rank failed at once, not by timeout");
+    }
+}
+
+#[test]
+fn the_c_example_broadcasts_and_times() {
+    let _serial = serial();
+    let cluster = Cluster::temporary(HOSTS).unwrap();
+    let program = c_example("broadcast");
+    for (k, datapath_of) in [user as fn(usize) -> &'static str, mixed].into_iter().enumerate() {
+        let ranks: Vec<RankProcess> = (0..HOSTS)
+            .map(|i| {
+                RankProcess::spawn(&cluster, i, 0, MASTER_PORT + k as u16, i, HOSTS, datapath_of(i), &program, &["1024", "1048576"], &[])
+            })
+            .collect();
+        for (i, rank) in ranks.into_iter().enumerate() {
+            let (code, lines) = rank.finish(Duration::from_secs(60));
+            assert_eq!(code, 0, "rank {i}: {lines:?}");
+            let results: Vec<_> = lines.iter().filter(|l| l.starts_with("rank=")).map(|l| fields(l)).collect();
+            assert_eq!(results.len(), 2, "one line per size: {lines:?}");
+            for (r, bytes) in results.iter().zip([1024, 1_048_576]) {
+                assert_eq!(number(r, "rank"), i as u64);
+                assert_eq!(number(r, "size"), HOSTS as u64);
+                assert_eq!(r["datapath"], datapath_of(i));
+                assert_eq!(number(r, "bytes"), bytes);
+                assert_eq!(number(r, "errors"), 0, "{lines:?}");
+                assert!(number(r, "iterations") > 0);
+            }
+        }
+    }
+}
