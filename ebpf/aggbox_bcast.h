@@ -121,6 +121,7 @@ static __always_inline int aggbox_tc_fanout(struct __sk_buff *skb, struct aggbox
 		if (!member || aggbox_retarget(skb, member, &cur_ip, &cur_port))
 			return TC_ACT_SHOT;
 	}
+	aggbox_bcount(AGGBOX_BSTAT_CLONED); /* the original: size - 1 copies in all */
 	return TC_ACT_OK;
 }
 

@@ -214,7 +214,7 @@ struct {
 
 /* Broadcast counters of the host: ab_bstats[stat], per CPU. */
 enum aggbox_bstat {
-	AGGBOX_BSTAT_CLONED = 0, /* TC egress: clones made of FANOUT chunks */
+	AGGBOX_BSTAT_CLONED = 0, /* TC egress: copies of FANOUT chunks sent, the original included (size - 1 each) */
 	AGGBOX_BSTAT_PLACED = 1, /* XDP: chunks copied into a receive window */
 	AGGBOX_BSTAT_ACKS_SENT = 2, /* XDP: ACKs sent back with XDP_TX */
 	AGGBOX_BSTAT_DUPLICATES = 3, /* XDP: chunks or ACKs that repeated one already counted */

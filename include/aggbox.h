@@ -415,6 +415,21 @@ typedef struct aggbox_stats {
    * (repeats included; those also count in `duplicates`).
    */
   uint64_t bcast_acks_received;
+  /**
+   * Group-ACKs a kernel root received: its wake-ups for chunks the kernel
+   * folded (one per step of its window, and at the last).
+   */
+  uint64_t bcast_group_acks;
+  /**
+   * Landed notices a kernel receiver got: its wake-ups for chunks the
+   * kernel placed.
+   */
+  uint64_t bcast_landed;
+  /**
+   * Times a kernel receiver copied chunks the kernel placed into its
+   * buffer.
+   */
+  uint64_t bcast_from_kernel;
 } aggbox_stats;
 
 #ifdef __cplusplus

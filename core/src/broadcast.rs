@@ -41,13 +41,23 @@ use std::{
 use crate::{
     comm::{Backoff, Received},
     dtype::{as_bytes_mut, Dtype, Element},
-    wire::{seq_at_or_before, Header, Kind, FLAG_MISMATCH, FLAG_RETRANSMIT, HDR_LEN, MAX_RANKS},
+    maps::RX_SLOTS,
+    window::{RxArm, Windows},
+    wire::{seq_at_or_before, Header, Kind, FLAG_FANOUT, FLAG_GROUP, FLAG_MISMATCH, FLAG_RETRANSMIT, HDR_LEN, MAX_RANKS},
+    Datapath,
     Comm, Error, Result,
 };
 
 /// The root's window: chunks it keeps in flight beyond the first one not
 /// yet held by every receiver (`WINDOW_CHUNKS` of docs/BROADCAST.md).
 pub const WINDOW_CHUNKS: usize = 256;
+
+/// A kernel root is woken every this many chunks held by every receiver
+/// (and at the last): half its window, so it can send the next half.
+const KERNEL_TX_NOTIFY: u32 = (WINDOW_CHUNKS / 2) as u32;
+
+/// How often a kernel receiver looks at its window without a notice.
+const KERNEL_RX_LOOK: Duration = Duration::from_millis(20);
 
 /// Copies of each `BCAST_ABORT` sent: it is not acknowledged, and a lost one
 /// leaves a survivor waiting for the timeout and blaming the wrong rank.
@@ -465,13 +475,22 @@ pub(crate) struct BcastState {
     window: Window,
     placed: Placed,
     early: Early,
+    /// Kernel receiver: the first chunk not yet placed in `buf`.
+    low: usize,
 }
 
 impl BcastState {
     /// The state of a communicator of `ranks` ranks whose chunks are
     /// `chunk` bytes.
     pub(crate) fn new(ranks: usize, chunk: usize) -> BcastState {
-        BcastState { seq: 0, failed: None, window: Window::new(ranks), placed: Placed::default(), early: Early::new(chunk) }
+        BcastState {
+            seq: 0,
+            failed: None,
+            window: Window::new(ranks),
+            placed: Placed::default(),
+            early: Early::new(chunk),
+            low: 0,
+        }
     }
 }
 
@@ -676,6 +695,17 @@ impl Comm {
 
     fn bcast_root(&mut self, buf: &[u8], call: &Call) -> Result<()> {
         self.bcast.window.start(self.size(), self.rank());
+        if let Some(windows) = self.kernel_windows() {
+            windows.arm_tx(call.seq, call.nchunks as u32, self.size() as u32 - 1, KERNEL_TX_NOTIFY);
+        }
+        let result = self.bcast_root_loop(buf, call);
+        if let Some(windows) = self.kernel_windows() {
+            windows.disarm_tx();
+        }
+        result
+    }
+
+    fn bcast_root_loop(&mut self, buf: &[u8], call: &Call) -> Result<()> {
         self.root_drain_early(call)?;
         let mut backoff = Backoff::new();
         loop {
@@ -693,6 +723,12 @@ impl Comm {
             }
             let rto = backoff.rto();
             if backoff.fire() {
+                // What the kernel folded reaches us as one group-ACK per
+                // step; look at the send window before judging anyone.
+                if self.mirror_kernel_acks(call) {
+                    backoff = Backoff::new();
+                    continue;
+                }
                 self.fail_silent_receivers(call)?;
                 self.probe(buf, call, rto)?;
             }
@@ -718,13 +754,29 @@ impl Comm {
         }
         let receivers = window.receivers;
         let mut header = self.bcast_header(Kind::BcastData, call);
+        // On the kernel datapath each chunk leaves once, to the next rank,
+        // and TC egress clones it to the others.
+        let fanout = self.kernel_windows().is_some();
+        let mut first = RankSet::default();
+        first.insert((self.rank() + 1) % self.size());
+        if fanout {
+            header.flags |= FLAG_FANOUT;
+        }
         let now = Instant::now();
         while self.bcast.window.next < call.nchunks.min(self.bcast.window.base + WINDOW_CHUNKS) {
             let chunk = self.bcast.window.next;
             header.chunk = chunk as u32;
-            self.queue_chunk(buf, &header, chunk, call, receivers)?;
+            if fanout {
+                if let Some(windows) = self.kernel_windows() {
+                    windows.prepare_tx(call.seq, chunk as u32);
+                }
+                self.queue_chunk(buf, &header, chunk, call, first)?;
+                self.user_stats.bcast_chunks_sent += 1;
+            } else {
+                self.queue_chunk(buf, &header, chunk, call, receivers)?;
+                self.user_stats.bcast_chunks_sent += receivers.len() as u64;
+            }
             self.bcast.window.sent_fresh(now);
-            self.user_stats.bcast_chunks_sent += receivers.len() as u64;
         }
         self.flush_chunks(buf)
     }
@@ -754,7 +806,16 @@ impl Comm {
         let header = got.header;
         let sender = header.sender as usize;
         match got.kind {
+            Kind::BcastAck if header.seq == call.seq && header.flags & FLAG_GROUP != 0 => {
+                self.user_stats.bcast_group_acks += 1;
+                Ok(self.mirror_kernel_acks(call))
+            }
             Kind::BcastAck if header.seq == call.seq => {
+                if let Some(windows) = self.kernel_windows() {
+                    // Keep the kernel's count whole: it wakes us when a
+                    // step's chunks are held by all, user-space ACKs included.
+                    windows.fold_tx(call.seq, header.chunk, sender, self.size() as u32 - 1);
+                }
                 self.user_stats.bcast_acks_received += 1;
                 self.bcast.window.last_heard[sender] = Instant::now();
                 let news = self.bcast.window.acknowledge(header.chunk as usize, header.op, sender);
@@ -887,17 +948,116 @@ impl Comm {
         Ok(())
     }
 
+    // ----- kernel datapath -----
+
+    /// This communicator's kernel broadcast windows, when it runs the
+    /// kernel datapath and got a control block.
+    fn kernel_windows(&self) -> Option<&Windows> {
+        if self.datapath() != Datapath::Kernel {
+            return None;
+        }
+        self.attachment().and_then(|a| a.windows())
+    }
+
+    /// Copies into the root's view what the XDP program folded into the
+    /// send window: each receiver that holds a chunk it is still waiting
+    /// for. Returns whether that was news.
+    fn mirror_kernel_acks(&mut self, call: &Call) -> bool {
+        if self.datapath() != Datapath::Kernel {
+            return false;
+        }
+        let Some(windows) = self.attachment.as_ref().and_then(|a| a.windows()) else { return false };
+        let now = Instant::now();
+        let mut news = false;
+        let window = &mut self.bcast.window;
+        let mut chunk = window.base;
+        while chunk < window.next {
+            let slot = window.slots[chunk % WINDOW_CHUNKS];
+            // Which transmission reached it is not known: claim the first,
+            // which proves the least (Slot::delivered).
+            let tx = if slot.tx == 0 { 0 } else { u8::MAX };
+            if slot.chunk == chunk && !slot.missing.is_empty() && windows.tx_tracks(call.seq, chunk as u32) {
+                for rank in slot.missing.iter() {
+                    if windows.tx_rank_holds(chunk as u32, rank) {
+                        window.last_heard[rank] = now;
+                        news |= window.acknowledge(chunk, tx, rank);
+                    }
+                }
+            }
+            chunk += 1;
+        }
+        news
+    }
+
+    /// Places in `buf` what the XDP program put in the receive window since
+    /// the last look, and gives the window room beyond it. Returns whether
+    /// anything new was placed.
+    fn drain_kernel_window(&mut self, buf: &mut [u8], call: &Call) -> bool {
+        let Some(windows) = self.attachment.as_ref().and_then(|a| a.windows()) else { return false };
+        let state = &mut self.bcast;
+        let mut placed_any = false;
+        let end = call.nchunks.min(state.low + RX_SLOTS as usize);
+        for chunk in state.low..end {
+            if !state.placed.has(chunk) && windows.rx_holds(call.seq, chunk as u32) {
+                windows.copy_rx(chunk as u32, &mut buf[chunk_bytes(chunk, call.bytes, self.chunk)]);
+                state.placed.mark(chunk);
+                placed_any = true;
+            }
+        }
+        while state.low < call.nchunks && state.placed.has(state.low) {
+            state.low += 1;
+        }
+        windows.set_rx_credit((state.low + RX_SLOTS as usize).min(u32::MAX as usize) as u32);
+        if placed_any {
+            self.user_stats.bcast_from_kernel += 1;
+        }
+        placed_any
+    }
+
     // ----- receiver -----
 
     fn bcast_receive(&mut self, buf: &mut [u8], call: &Call) -> Result<()> {
         self.bcast.placed.start(call.nchunks);
+        self.bcast.low = 0;
+        if let Some(windows) = self.kernel_windows() {
+            windows.arm_rx(&RxArm {
+                seq: call.seq,
+                root: call.root as u32,
+                rank: self.rank() as u32,
+                nchunks: call.nchunks as u32,
+                count: call.count,
+                dtype: u32::from(call.dtype.code()),
+                chunk_bytes: self.chunk as u32,
+                last_bytes: chunk_bytes(call.nchunks - 1, call.bytes, self.chunk).len() as u32,
+            });
+        }
+        let result = self.bcast_receive_loop(buf, call);
+        if let Some(windows) = self.kernel_windows() {
+            windows.disarm_rx();
+        }
+        result
+    }
+
+    fn bcast_receive_loop(&mut self, buf: &mut [u8], call: &Call) -> Result<()> {
         self.receive_early(buf, call)?;
         let silence = self.timeout() + receiver_grace(self.timeout());
+        let kernel = self.kernel_windows().is_some();
         let mut heard = Instant::now();
         while self.bcast.placed.remaining > 0 {
-            match self.recv_valid(heard + silence)? {
+            // The kernel places chunks without waking us; look at the window
+            // now and then in case a notice was coalesced away.
+            let wake = if kernel { (heard + silence).min(Instant::now() + KERNEL_RX_LOOK) } else { heard + silence };
+            match self.recv_valid(wake)? {
+                Some(got) if got.kind == Kind::BcastLanded && got.header.seq == call.seq => {
+                    self.user_stats.bcast_landed += 1;
+                    self.drain_kernel_window(buf, call);
+                    // XDP passed this chunk up instead of answering it.
+                    self.queue_ack(&got.header, call.root)?;
+                    heard = Instant::now();
+                }
                 Some(got) if self.receiver_on(&got, buf, call)? => heard = Instant::now(),
                 Some(_) => {}
+                None if kernel && self.drain_kernel_window(buf, call) => heard = Instant::now(),
                 None if Instant::now() >= heard + silence => {
                     return Err(Error::PeerFailed {
                         rank: call.root,

@@ -96,7 +96,7 @@ pub struct Comm {
     iface: Interface,
     datapath: Datapath,
     datapath_reason: Option<String>,
-    attachment: Option<Attachment>,
+    pub(crate) attachment: Option<Attachment>,
     pub(crate) user_stats: UserStats,
     /// Datagrams of the transport's receive batch, and the next to read.
     rx_len: usize,

@@ -31,6 +31,15 @@ pub struct UserStats {
     /// `BCAST_ACK` datagrams of its own broadcasts a root received
     /// (repeats included; those also count in `duplicates`).
     pub bcast_acks_received: u64,
+    /// Group-ACKs a kernel root received: its wake-ups for chunks the
+    /// kernel folded (one per step of the window, and at the last).
+    pub bcast_group_acks: u64,
+    /// Landed notices a kernel receiver got: its wake-ups for chunks the
+    /// kernel placed.
+    pub bcast_landed: u64,
+    /// Times a kernel receiver copied chunks the kernel placed into its
+    /// buffer.
+    pub bcast_from_kernel: u64,
 }
 
 /// Counters of the BPF programs on the communicator's interface. They are per

@@ -263,6 +263,13 @@ impl Windows {
         }
     }
 
+    /// Whether chunk `chunk`'s send slot tracks chunk `chunk` of `seq`.
+    pub fn tx_tracks(&self, seq: u32, chunk: u32) -> bool {
+        let slot = self.tx_slot(chunk);
+        // SAFETY: an atomic read of our own slot.
+        unsafe { (*(std::ptr::addr_of!((*slot).tag) as *const AtomicU64)).load(std::sync::atomic::Ordering::Acquire) == tag(seq, chunk) }
+    }
+
     /// Whether `rank` holds chunk `chunk` (of the `seq` its slot tracks).
     pub fn tx_rank_holds(&self, chunk: u32, rank: usize) -> bool {
         let slot = self.tx_slot(chunk);

@@ -129,6 +129,15 @@ pub struct aggbox_stats {
     /// Acknowledgments of its own broadcasts' chunks a root received
     /// (repeats included; those also count in `duplicates`).
     pub bcast_acks_received: u64,
+    /// Group-ACKs a kernel root received: its wake-ups for chunks the kernel
+    /// folded (one per step of its window, and at the last).
+    pub bcast_group_acks: u64,
+    /// Landed notices a kernel receiver got: its wake-ups for chunks the
+    /// kernel placed.
+    pub bcast_landed: u64,
+    /// Times a kernel receiver copied chunks the kernel placed into its
+    /// buffer.
+    pub bcast_from_kernel: u64,
 }
 
 /// The smallest `size` accepted: up to and including `datapath`.
@@ -150,6 +159,9 @@ impl aggbox_stats {
             broadcasts,
             bcast_chunks_sent,
             bcast_acks_received,
+            bcast_group_acks,
+            bcast_landed,
+            bcast_from_kernel,
         } = stats.user;
         aggbox_stats {
             size,
@@ -165,6 +177,9 @@ impl aggbox_stats {
             broadcasts,
             bcast_chunks_sent,
             bcast_acks_received,
+            bcast_group_acks,
+            bcast_landed,
+            bcast_from_kernel,
         }
     }
 
@@ -198,7 +213,10 @@ impl aggbox_stats {
             kernel,
             broadcasts,
             bcast_chunks_sent,
-            bcast_acks_received
+            bcast_acks_received,
+            bcast_group_acks,
+            bcast_landed,
+            bcast_from_kernel
         );
     }
 }

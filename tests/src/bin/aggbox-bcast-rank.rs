@@ -138,8 +138,13 @@ fn broadcast(comm: &mut Comm, args: &Args, size: usize, root: usize, buf: &mut V
 fn report(comm: &Comm) {
     let stats = comm.stats().expect("stats");
     let user = &stats.user;
+    // The host's kernel broadcast counters (every communicator of the host
+    // adds to them; here there is one per host).
+    let kernel = comm.attachment().map(|a| a.broadcast_stats().expect("broadcast stats")).unwrap_or_default();
+    let kernel: Vec<String> =
+        aggbox_core::maps::BSTAT_NAMES.iter().zip(kernel).map(|(name, value)| format!("k_{name}={value}")).collect();
     println!(
-        "report rank={} size={} datapath={} chunk={} broadcasts={} retransmits={} duplicates={} chunks_sent={} acks_received={} sent={} received={} xdp_accepted={}",
+        "report rank={} size={} datapath={} chunk={} broadcasts={} retransmits={} duplicates={} chunks_sent={} acks_received={} sent={} received={} xdp_accepted={} group_acks={} landed={} windowed={} {}",
         comm.rank(),
         comm.size(),
         comm.datapath().name(),
@@ -152,6 +157,10 @@ fn report(comm: &Comm) {
         user.packets_sent,
         user.packets_received,
         stats.kernel.get(Prog::XdpIngress, "accepted"),
+        user.bcast_group_acks,
+        user.bcast_landed,
+        comm.attachment().is_some_and(|a| a.windows().is_some()) as u8,
+        kernel.join(" "),
     );
 }
 
