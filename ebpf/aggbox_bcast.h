@@ -236,7 +236,11 @@ static __always_inline int aggbox_xdp_bcast_data(struct xdp_md *ctx, struct aggb
 	aggbox_bcount(AGGBOX_BSTAT_PLACED);
 	landed = __sync_fetch_and_add(&ctl->rx_landed, 1) + 1;
 	rank = ctl->rx_rank;
-	if (landed == ctl->rx_nchunks || (ctl->rx_notify && landed % ctl->rx_notify == 0)) {
+	/* The one notice at completion (the process may have placed some chunks
+	 * itself, so "complete" is reaching its target), and one per half
+	 * window on the way. */
+	if ((landed >= ctl->rx_target && __sync_val_compare_and_swap(&ctl->rx_notified, 0, 1) == 0) ||
+	    (ctl->rx_notify && landed % ctl->rx_notify == 0)) {
 		hdr = aggbox_xdp_strip(ctx, len);
 		if (!hdr)
 			return XDP_DROP;

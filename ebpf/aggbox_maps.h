@@ -76,7 +76,7 @@ struct aggbox_ctl {
 	__u32 rx_credit; /* chunks below this may be placed: first chunk not copied out + window */
 	__u32 rx_notify; /* notify the process every this many landed chunks */
 	__u32 rx_landed; /* chunks placed (XDP adds) */
-	__u32 rx_reserved;
+	__u32 rx_target; /* chunks XDP must place: nchunks less those the process placed itself */
 	/* Sending (root): armed by the process for broadcast tx_seq (0: none). */
 	__u32 tx_seq;
 	__u32 tx_nchunks;
@@ -84,6 +84,8 @@ struct aggbox_ctl {
 	__u32 tx_notify; /* wake the root every this many chunks held by all */
 	__u32 tx_done; /* chunks held by every receiver (XDP adds) */
 	__u32 tx_reserved;
+	__u32 rx_notified; /* set once the completion notice went up */
+	__u32 rx_reserved;
 };
 
 /* ab_groups: group id -> what a datagram of that group must carry. */

@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # AggBox's main job on one machine: set-up, build, a 4-host virtual cluster,
-# the collectives that exist so far (barrier) run by a C program through the
-# kernel datapath and the user datapath, what ran where and how long it took,
-# then tear-down. Needs root.
+# the collectives that exist so far (barrier, broadcast) run by C programs
+# through the kernel datapath and the user datapath, what ran where and how
+# long it took, then tear-down. Needs root.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -23,19 +23,31 @@ echo "== a virtual cluster of $HOSTS hosts (network namespaces on one bridge)"
 echo "== aggbox doctor, inside host 0"
 ip netns exec "$PREFIX-h0" "$aggbox" doctor --iface eth0
 
-for datapath in kernel user; do
-  echo "== $BARRIERS barriers on $HOSTS ranks, $datapath datapath (examples/c/barrier.c)"
-  pids=()
+# Runs examples/c/$1 (arguments $3...) on every host with datapath $2 and
+# prints what each host reported.
+run_everywhere() {
+  local program=$1 datapath=$2
+  shift 2
+  local pids=() out
   out=$(mktemp -d)
   for ((i = 0; i < HOSTS; i++)); do
     RANK=$i WORLD_SIZE=$HOSTS MASTER_ADDR=10.77.0.1 MASTER_PORT=29500 AGGBOX_DATAPATH=$datapath \
-      ip netns exec "$PREFIX-h$i" examples/c/barrier "$BARRIERS" >"$out/$i" 2>/dev/null &
+      ip netns exec "$PREFIX-h$i" "examples/c/$program" "$@" >"$out/$i" 2>/dev/null &
     pids+=($!)
   done
   for pid in "${pids[@]}"; do wait "$pid"; done
-  for ((i = 0; i < HOSTS; i++)); do echo "  host $PREFIX-h$i: $(cat "$out/$i")"; done
+  for ((i = 0; i < HOSTS; i++)); do sed "s/^/  host $PREFIX-h$i: /" "$out/$i"; done
   rm -rf "$out"
+}
+
+for datapath in kernel user; do
+  echo "== $BARRIERS barriers on $HOSTS ranks, $datapath datapath (examples/c/barrier.c)"
+  run_everywhere barrier "$datapath" "$BARRIERS"
+  echo "== broadcasts of 1 KiB, 1 MiB and 16 MiB from rank 0, $datapath datapath, every byte checked (examples/c/broadcast.c)"
+  run_everywhere broadcast "$datapath" 1024 1048576 16777216
 done
 
 echo "== kernel vs user datapath, barrier latency on $HOSTS hosts (measured now)"
 "$aggbox" bench barrier --hosts "$HOSTS" --barriers "$BARRIERS"
+echo "== kernel vs user datapath, broadcast on $HOSTS hosts (measured now; Open MPI too where installed: scripts/mpi-setup.sh)"
+"$aggbox" bench broadcast --hosts "$HOSTS" --rounds 100

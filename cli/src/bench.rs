@@ -29,6 +29,23 @@ pub enum Bench {
         #[arg(long, default_value_t = 3)]
         rounds: u32,
     },
+    /// Broadcast latency, throughput and wake-ups on N hosts: kernel vs user
+    /// datapath vs Open MPI (when installed), plus the UDP floor.
+    Broadcast {
+        /// Number of hosts (one rank each).
+        #[arg(long, default_value_t = 8)]
+        hosts: usize,
+        /// MTU of the cluster's links (3500 is about the most native XDP
+        /// takes on veth).
+        #[arg(long, default_value_t = 1500)]
+        mtu: u32,
+        /// Rounds per small size.
+        #[arg(long, default_value_t = 200)]
+        rounds: usize,
+        /// Skip Open MPI.
+        #[arg(long)]
+        no_mpi: bool,
+    },
     /// Barrier latency on N hosts, kernel vs user datapath.
     Barrier {
         /// Number of hosts (one rank each).
@@ -46,6 +63,7 @@ pub enum Bench {
 pub fn run(bench: Bench) -> Result<(), String> {
     match bench {
         Bench::Tcp { seconds, rounds } => tcp(seconds, rounds),
+        Bench::Broadcast { hosts, mtu, rounds, no_mpi } => broadcast(hosts, mtu, rounds, !no_mpi),
         Bench::Barrier { hosts, barriers, faults } => {
             let faults = faults.map(|f| crate::parse_faults(&f)).transpose()?;
             barrier(hosts, barriers, faults)
@@ -212,5 +230,249 @@ fn barrier(hosts: usize, barriers: usize, faults: Option<FaultSpec>) -> Result<(
         "barrier: kernel/user time per barrier = {:.3} (the kernel datapath does not fold barriers yet: both run the same user-space protocol; the kernel one also passes every datagram through the XDP/TC checks)",
         per_barrier[0] / per_barrier[1]
     );
+    Ok(())
+}
+
+// ---- broadcast ------------------------------------------------------------
+
+/// Rounds for a broadcast of `size` bytes: fewer as it grows.
+fn rounds_for(size: usize, rounds: usize) -> usize {
+    match size {
+        0..=65_536 => rounds,
+        65_537..=1_048_576 => (rounds / 10).max(5),
+        _ => 3,
+    }
+}
+
+/// The root's data of a broadcast of `len` bytes, round `round`.
+fn pattern(len: usize, round: usize) -> impl Iterator<Item = u8> {
+    (0..len).map(move |i| (i.wrapping_mul(131) ^ round.wrapping_mul(7)) as u8)
+}
+
+/// This process's voluntary context switches so far: how often it slept
+/// and was woken.
+fn wakeups() -> u64 {
+    std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|s| s.lines().find_map(|l| l.strip_prefix("voluntary_ctxt_switches:").map(|v| v.trim().parse().ok())))
+        .flatten()
+        .unwrap_or(0)
+}
+
+/// One rank of `bench broadcast` (the hidden `rank-bcast` command).
+pub fn rank_bcast(rounds: usize, sizes: &[usize]) -> Result<(), String> {
+    use aggbox_core::{dtype::Dtype, Comm};
+    let mut comm = Comm::from_env().map_err(|e| e.to_string())?;
+    let root = 0;
+    for &size in sizes {
+        let mut buf = vec![0u8; size];
+        let mut samples = Vec::new();
+        for round in 0..rounds_for(size, rounds) {
+            if comm.rank() == root {
+                buf.iter_mut().zip(pattern(size, round)).for_each(|(b, v)| *b = v);
+            }
+            comm.barrier().map_err(|e| e.to_string())?;
+            let start = std::time::Instant::now();
+            comm.broadcast(&mut buf, Dtype::U8, root).map_err(|e| e.to_string())?;
+            samples.push(start.elapsed().as_secs_f64() * 1e6);
+            if comm.rank() != root && !buf.iter().copied().eq(pattern(size, round)) {
+                return Err(format!("rank {}: broadcast of {size} bytes, round {round}: wrong data", comm.rank()));
+            }
+        }
+        let text: Vec<String> = samples.iter().map(|us| format!("{us:.1}")).collect();
+        println!("bcast rank={} size={size} samples={}", comm.rank(), text.join(","));
+    }
+    // Wake-ups per broadcast of 1 KiB, back to back (no barriers between).
+    let mut buf = vec![0u8; 1024];
+    comm.barrier().map_err(|e| e.to_string())?;
+    let ops = 200;
+    let before = wakeups();
+    for _ in 0..ops {
+        comm.broadcast(&mut buf, Dtype::U8, root).map_err(|e| e.to_string())?;
+    }
+    let per_op = (wakeups() - before) as f64 / ops as f64;
+    let stats = comm.stats().map_err(|e| e.to_string())?;
+    println!(
+        "wakeups rank={} size=1024 per_op={per_op:.2} datapath={} group_acks={} landed={}",
+        comm.rank(),
+        comm.datapath().name(),
+        stats.user.bcast_group_acks,
+        stats.user.bcast_landed
+    );
+    Ok(())
+}
+
+fn percentile(sorted: &[f64], p: f64) -> f64 {
+    if sorted.is_empty() {
+        return f64::NAN;
+    }
+    sorted[((sorted.len() - 1) as f64 * p).round() as usize]
+}
+
+/// Per size: (root's p50, p99; last receiver's p50, p99) in µs, each round's
+/// time the slowest receiver's.
+type Latencies = Vec<(usize, f64, f64, f64, f64)>;
+
+fn bcast_run(cluster: &Cluster, datapath: &str, sizes: &[usize], rounds: usize, port: u16) -> Result<(Latencies, f64), String> {
+    let exe = std::env::current_exe().map_err(|e| e.to_string())?;
+    let n = cluster.hosts().len();
+    let size_args: Vec<String> = sizes.iter().map(|s| s.to_string()).collect();
+    let children: Vec<_> = (0..n)
+        .map(|i| {
+            cluster
+                .command(i, &exe)
+                .arg("rank-bcast")
+                .args(["--rounds", &rounds.to_string()])
+                .args(&size_args)
+                .env("RANK", i.to_string())
+                .env("WORLD_SIZE", n.to_string())
+                .env("MASTER_ADDR", cluster.host(0).ipv4.to_string())
+                .env("MASTER_PORT", port.to_string())
+                .env("AGGBOX_DATAPATH", datapath)
+                .stdout(Stdio::piped())
+                .spawn()
+                .map_err(|e| e.to_string())
+        })
+        .collect::<Result<_, _>>()?;
+    let mut outputs = Vec::new();
+    for child in children {
+        let out = child.wait_with_output().map_err(|e| e.to_string())?;
+        if !out.status.success() {
+            return Err(format!("a rank failed on the {datapath} datapath"));
+        }
+        outputs.push(String::from_utf8_lossy(&out.stdout).to_string());
+    }
+    let samples_of = |rank: usize, size: usize| -> Vec<f64> {
+        outputs[rank]
+            .lines()
+            .find(|l| l.starts_with("bcast ") && l.contains(&format!(" size={size} ")))
+            .and_then(|l| l.split("samples=").nth(1))
+            .map(|s| s.split(',').filter_map(|v| v.parse().ok()).collect())
+            .unwrap_or_default()
+    };
+    let mut latencies = Vec::new();
+    for &size in sizes {
+        let mut root = samples_of(0, size);
+        let receivers: Vec<Vec<f64>> = (1..n).map(|r| samples_of(r, size)).collect();
+        let mut last: Vec<f64> =
+            (0..root.len()).map(|i| receivers.iter().map(|s| s.get(i).copied().unwrap_or(f64::NAN)).fold(0.0, f64::max)).collect();
+        root.sort_by(|a, b| a.total_cmp(b));
+        last.sort_by(|a, b| a.total_cmp(b));
+        latencies.push((size, percentile(&root, 0.5), percentile(&root, 0.99), percentile(&last, 0.5), percentile(&last, 0.99)));
+    }
+    let wakeups: Vec<f64> = outputs[1..]
+        .iter()
+        .filter_map(|o| o.lines().find(|l| l.starts_with("wakeups ")).map(|l| field(l, "per_op")))
+        .collect();
+    let max_wakeups = wakeups.iter().copied().fold(0.0, f64::max);
+    Ok((latencies, max_wakeups))
+}
+
+/// p50 round trip of a UDP ping-pong between hosts 0 and 1, blocking
+/// receives (so it includes the wake-ups), in µs.
+fn udp_floor(cluster: &Cluster) -> Result<f64, String> {
+    use aggbox_core::transport::Transport;
+    use std::time::{Duration, Instant};
+    let a = cluster.run_in(0, || Transport::bind(cluster.host(0).ipv4, 47_900)).map_err(|e| e.to_string())?.map_err(|e| e.to_string())?;
+    let b = cluster.run_in(1, || Transport::bind(cluster.host(1).ipv4, 47_900)).map_err(|e| e.to_string())?.map_err(|e| e.to_string())?;
+    let (a_addr, b_addr) = (a.local_addr(), b.local_addr());
+    let rounds = 2000;
+    let echo = thread::spawn(move || {
+        let mut buf = [0u8; 64];
+        for _ in 0..rounds {
+            if let Ok(Some((len, from))) = b.recv(&mut buf, Instant::now() + Duration::from_secs(5)) {
+                let _ = b.send(&buf[..len], from);
+            }
+        }
+    });
+    let mut samples = Vec::with_capacity(rounds);
+    let mut buf = [0u8; 64];
+    for _ in 0..rounds {
+        let t = Instant::now();
+        a.send(&[1u8; 32], b_addr).map_err(|e| e.to_string())?;
+        if a.recv(&mut buf, Instant::now() + Duration::from_secs(5)).map_err(|e| e.to_string())?.is_none() {
+            return Err("UDP ping-pong lost a datagram".into());
+        }
+        samples.push(t.elapsed().as_secs_f64() * 1e6);
+    }
+    let _ = echo.join();
+    let _ = a_addr;
+    samples.sort_by(|x, y| x.total_cmp(y));
+    Ok(percentile(&samples, 0.5))
+}
+
+/// Open MPI's MPI_Bcast on the same cluster (bench/mpi/run.sh), when
+/// mpirun is installed: (bytes, p50, p99) per size.
+fn mpi_bcast(cluster: &Cluster, sizes: &[usize]) -> Option<Vec<(usize, f64, f64)>> {
+    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/../bench/mpi/run.sh");
+    if !std::path::Path::new(script).exists() || std::process::Command::new("sh").args(["-c", "command -v mpirun"]).output().ok()?.stdout.is_empty() {
+        return None;
+    }
+    let mut cmd = std::process::Command::new("bash");
+    cmd.arg(script).arg(cluster.prefix()).arg(cluster.hosts().len().to_string()).arg("--");
+    cmd.args(sizes.iter().map(|s| s.to_string()));
+    let out = cmd.output().ok()?;
+    let text = String::from_utf8_lossy(&out.stdout);
+    let rows: Vec<(usize, f64, f64)> = text
+        .lines()
+        .filter(|l| l.starts_with("mpi op=bcast"))
+        .map(|l| (field(l, "bytes") as usize, field(l, "p50_us"), field(l, "p99_us")))
+        .collect();
+    (!rows.is_empty()).then_some(rows)
+}
+
+fn human(size: usize) -> String {
+    match size {
+        s if s >= 1 << 20 && s % (1 << 20) == 0 => format!("{} MiB", s >> 20),
+        s if s >= 1 << 10 && s % (1 << 10) == 0 => format!("{} KiB", s >> 10),
+        s => format!("{s} B"),
+    }
+}
+
+/// `aggbox bench broadcast`.
+pub fn broadcast(hosts: usize, mtu: u32, rounds: usize, with_mpi: bool) -> Result<(), String> {
+    let sizes = [64, 1024, 64 << 10, 1 << 20, 64 << 20];
+    let cluster = Cluster::temporary_with_mtu(hosts, mtu).map_err(|e| e.to_string())?;
+    println!("broadcast on {hosts} hosts, MTU {mtu} (chunk {} B), root 0; times in µs, each round the slowest receiver's", aggbox_core::wire::chunk_size(mtu));
+    let (kernel, kernel_wakeups) = bcast_run(&cluster, "kernel", &sizes, rounds, 29_500)?;
+    let (user, user_wakeups) = bcast_run(&cluster, "user", &sizes, rounds, 29_501)?;
+    let mpi = if with_mpi { mpi_bcast(&cluster, &sizes) } else { None };
+    let floor = udp_floor(&cluster)?;
+    println!("{:>8} | {:>22} | {:>22} | {:>14} | {:>12} {:>12}", "size", "kernel root/last p50", "user root/last p50", "Open MPI p50", "kernel/user", "kernel/MPI");
+    for (k, u) in kernel.iter().zip(&user) {
+        let m = mpi.as_ref().and_then(|rows| rows.iter().find(|r| r.0 == k.0));
+        println!(
+            "{:>8} | {:>10.1} / {:>9.1} | {:>10.1} / {:>9.1} | {:>14} | {:>12.3} {:>12}",
+            human(k.0),
+            k.1,
+            k.3,
+            u.1,
+            u.3,
+            m.map_or("-".into(), |m| format!("{:.1}", m.1)),
+            k.3 / u.3,
+            m.map_or("-".into(), |m| format!("{:.3}", k.3 / m.1)),
+        );
+    }
+    for (label, rows) in [("kernel", &kernel), ("user", &user)] {
+        let p99: Vec<String> = rows.iter().map(|r| format!("{} {:.1}", human(r.0), r.4)).collect();
+        println!("{label} p99 (last receiver): {}", p99.join(", "));
+    }
+    if let Some(rows) = &mpi {
+        let p99: Vec<String> = rows.iter().map(|r| format!("{} {:.1}", human(r.0), r.2)).collect();
+        println!("Open MPI p99: {}", p99.join(", "));
+    } else if with_mpi {
+        println!("Open MPI: not measured (run scripts/mpi-setup.sh to install it)");
+    }
+    let big = *sizes.last().unwrap();
+    let throughput = |us: f64| big as f64 / us; // bytes per µs = MB/s
+    let (k64, u64_) = (kernel.last().unwrap().3, user.last().unwrap().3);
+    println!(
+        "64 MiB throughput: kernel {:.0} MB/s, user {:.0} MB/s{}",
+        throughput(k64),
+        throughput(u64_),
+        mpi.as_ref().and_then(|r| r.iter().find(|x| x.0 == big)).map_or(String::new(), |m| format!(", Open MPI {:.0} MB/s", throughput(m.1)))
+    );
+    println!("UDP ping-pong between two hosts (blocking receives): p50 {floor:.1} µs round trip");
+    println!("wake-ups per 1 KiB broadcast, worst receiver: kernel {kernel_wakeups:.2}, user {user_wakeups:.2}");
     Ok(())
 }

@@ -50,6 +50,17 @@ enum Command {
         #[arg(default_value_t = 1000)]
         barriers: usize,
     },
+    /// Run as one rank of `bench broadcast`: timed broadcasts of each size
+    /// from root 0, one line of samples per size, then wake-ups per
+    /// broadcast.
+    #[command(hide = true)]
+    RankBcast {
+        /// Rounds of the small sizes (fewer for big ones).
+        #[arg(long, default_value_t = 200)]
+        rounds: usize,
+        /// Sizes in bytes.
+        sizes: Vec<usize>,
+    },
 }
 
 #[derive(Subcommand)]
@@ -144,6 +155,7 @@ fn run(cli: Cli) -> Result<ExitCode, String> {
             Ok(ExitCode::SUCCESS)
         }
         Command::Rank { barriers } => rank(barriers).map(|()| ExitCode::SUCCESS),
+        Command::RankBcast { rounds, sizes } => bench::rank_bcast(rounds, &sizes).map(|()| ExitCode::SUCCESS),
     }
 }
 

@@ -1130,6 +1130,11 @@ impl Comm {
                 };
                 buf[chunk_bytes(index, call.bytes, self.chunk)].copy_from_slice(payload);
                 self.bcast.placed.mark(index);
+                // On a kernel receiver, one fewer for XDP to place; if it
+                // has placed the rest already, take them now.
+                if self.kernel_windows().is_some_and(|w| w.placed_by_process()) {
+                    self.drain_kernel_window(buf, call);
+                }
                 self.queue_ack(header, call.root)?;
                 Ok(true)
             }

@@ -108,8 +108,8 @@ pub struct Ctl {
     pub rx_notify: u32,
     /// Chunks placed (XDP adds).
     pub rx_landed: u32,
-    /// Zero.
-    pub rx_reserved: u32,
+    /// Chunks XDP must place: `rx_nchunks` less those the process placed.
+    pub rx_target: u32,
     /// Sending: the broadcast armed (0: none).
     pub tx_seq: u32,
     /// Its chunks.
@@ -122,6 +122,10 @@ pub struct Ctl {
     pub tx_done: u32,
     /// Zero.
     pub tx_reserved: u32,
+    /// Set once the completion notice went up.
+    pub rx_notified: u32,
+    /// Zero.
+    pub rx_reserved: u32,
 }
 
 /// Broadcast counters (`enum aggbox_bstat`), in index order.
@@ -270,6 +274,8 @@ mod tests {
             "offsetof(struct aggbox_ctl, rx_landed)",
             "offsetof(struct aggbox_ctl, tx_seq)",
             "offsetof(struct aggbox_ctl, tx_done)",
+            "offsetof(struct aggbox_ctl, rx_target)",
+            "offsetof(struct aggbox_ctl, rx_notified)",
             "AGGBOX_BSTAT_MAX",
             "AGGBOX_BSTAT_TO_USER",
             "offsetof(struct aggbox_port, group)",
@@ -317,6 +323,8 @@ mod tests {
             offset_of!(Ctl, rx_landed),
             offset_of!(Ctl, tx_seq),
             offset_of!(Ctl, tx_done),
+            offset_of!(Ctl, rx_target),
+            offset_of!(Ctl, rx_notified),
             BSTAT_NAMES.len(),
             BSTAT_NAMES.iter().position(|n| *n == "to_user").unwrap(),
             offset_of!(PortValue, group),

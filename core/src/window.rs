@@ -169,7 +169,18 @@ impl Windows {
         field(std::mem::offset_of!(Ctl, rx_credit)).store(arm.nchunks.min(RX_SLOTS), Relaxed);
         field(std::mem::offset_of!(Ctl, rx_notify)).store(RX_SLOTS / 2, Relaxed);
         field(std::mem::offset_of!(Ctl, rx_landed)).store(0, Relaxed);
+        field(std::mem::offset_of!(Ctl, rx_target)).store(arm.nchunks, Relaxed);
+        field(std::mem::offset_of!(Ctl, rx_notified)).store(0, Relaxed);
         field(std::mem::offset_of!(Ctl, rx_seq)).store(arm.seq, Release);
+    }
+
+    /// The process placed a chunk itself (it came to the socket): XDP has
+    /// one fewer to place before the completion notice. Returns whether
+    /// XDP already placed all it now has to (no notice will come).
+    pub fn placed_by_process(&self) -> bool {
+        use std::sync::atomic::Ordering::AcqRel;
+        let target = self.ctl_field(std::mem::offset_of!(Ctl, rx_target)).fetch_sub(1, AcqRel) - 1;
+        self.ctl_field(std::mem::offset_of!(Ctl, rx_landed)).load(std::sync::atomic::Ordering::Acquire) >= target
     }
 
     /// Stops placement (the broadcast is complete or failed).

@@ -114,6 +114,7 @@ fn receivers_place_and_answer_in_the_kernel_and_the_root_folds() {
                 rx_root: 0,
                 rx_rank: rank as u32,
                 rx_nchunks: nchunks,
+            rx_target: nchunks,
                 rx_count: total,
                 rx_chunk_bytes: P,
                 rx_last_bytes: 10,
