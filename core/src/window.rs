@@ -115,7 +115,7 @@ impl Windows {
     /// A u32 field of the control block, for atomic access (`offset` from
     /// `std::mem::offset_of!(Ctl, …)`).
     pub fn ctl_field(&self, offset: usize) -> &AtomicU32 {
-        assert!(offset + 4 <= size_of::<Ctl>() && offset % 4 == 0);
+        assert!(offset + 4 <= size_of::<Ctl>() && offset.is_multiple_of(4));
         // SAFETY: an aligned u32 inside this communicator's control block.
         unsafe { &*(self.ctl().cast::<u8>().add(offset).cast::<AtomicU32>()) }
     }
