@@ -22,18 +22,16 @@ use aggbox_core::{
 const HOSTS: usize = 8;
 const PORT: u16 = 47_100;
 
-#[test]
-fn a_fanout_chunk_reaches_every_member_once() {
-    let cluster = Cluster::temporary(HOSTS).unwrap();
+/// A group of every host of `cluster`, and on every host a socket and the
+/// programs with the group registered (as a communicator would).
+fn kernel_group(cluster: &Cluster, id: u32) -> (GroupInfo, Vec<(Transport, Attachment)>) {
     let peers: Vec<PeerInfo> = cluster
         .hosts()
         .iter()
         .map(|h| PeerInfo { rank: h.index, ipv4: h.ipv4, mac: h.mac, port: PORT, datapath: Datapath::Kernel, mtu: 1500 })
         .collect();
-    let group = GroupInfo { group: 0x00fa_0017, token: 0x1234_5678_9abc_def0, peers: peers.clone() };
-
-    // Every host: a socket and the programs, with the group registered.
-    let hosts: Vec<(Transport, Attachment)> = (0..HOSTS)
+    let group = GroupInfo { group: id, token: 0x1234_5678_9abc_def0 ^ u64::from(id), peers };
+    let hosts = (0..HOSTS)
         .map(|i| {
             let group = group.clone();
             cluster
@@ -47,6 +45,14 @@ fn a_fanout_chunk_reaches_every_member_once() {
                 .unwrap()
         })
         .collect();
+    (group, hosts)
+}
+
+#[test]
+fn a_fanout_chunk_reaches_every_member_once() {
+    let cluster = Cluster::temporary(HOSTS).unwrap();
+    let (group, hosts) = kernel_group(&cluster, 0x00fa_0017);
+    let peers = &group.peers;
 
     // Rank 0 sends one chunk, once, to rank 1, flagged FANOUT.
     let payload: Vec<u8> = (0..1000u32).map(|i| (i * 13 + 1) as u8).collect();
@@ -81,26 +87,8 @@ fn receivers_place_and_answer_in_the_kernel_and_the_root_folds() {
     use std::sync::atomic::Ordering;
 
     let cluster = Cluster::temporary(HOSTS).unwrap();
-    let peers: Vec<PeerInfo> = cluster
-        .hosts()
-        .iter()
-        .map(|h| PeerInfo { rank: h.index, ipv4: h.ipv4, mac: h.mac, port: PORT, datapath: Datapath::Kernel, mtu: 1500 })
-        .collect();
-    let group = GroupInfo { group: 0x00fa_0018, token: 0x0fed_cba9_8765_4321, peers: peers.clone() };
-    let hosts: Vec<(Transport, Attachment)> = (0..HOSTS)
-        .map(|i| {
-            let group = group.clone();
-            cluster
-                .run_in(i, move || {
-                    let iface = netif::choose(Some("eth0"), Ipv4Addr::UNSPECIFIED).unwrap();
-                    let transport = Transport::bind(iface.ipv4, PORT).unwrap();
-                    let mut attachment = Attachment::acquire(&iface, PORT).unwrap();
-                    attachment.register_group(&group).unwrap();
-                    (transport, attachment)
-                })
-                .unwrap()
-        })
-        .collect();
+    let (group, hosts) = kernel_group(&cluster, 0x00fa_0018);
+    let peers = &group.peers;
     const P: u32 = 1432;
     let (seq, nchunks, total) = (7u32, 2u32, P + 10);
     // Receivers arm their windows; the root arms its send window for chunk 0.
