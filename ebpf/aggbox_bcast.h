@@ -186,6 +186,53 @@ static __always_inline int aggbox_xdp_bounce(struct xdp_md *ctx)
 
 /* ---- XDP: receiver ------------------------------------------------------------ */
 
+/* Bytes of an element of wire dtype `code` (core/src/dtype.rs), 0 if unknown. */
+static __always_inline __u32 aggbox_dtype_size(__u8 code)
+{
+	switch (code) {
+	case 0: return 1; /* u8 */
+	case 1: case 3: case 5: return 4; /* i32, u32, f32 */
+	case 2: case 4: case 6: return 8; /* i64, u64, f64 */
+	default: return 0;
+	}
+}
+
+/*
+ * The window was armed ahead for broadcast `hdr->seq`: take its parameters
+ * from this first chunk (the process checks them against its call when it
+ * makes it). Returns 0 when they are set, -1 when this chunk must go to
+ * user space (another CPU is setting them, or the header is not a layout
+ * of the group's chunk size).
+ */
+static __always_inline int aggbox_claim(struct aggbox_ctl *ctl, struct aggbox_hdr *hdr)
+{
+	__u64 bytes, chunk = ctl->rx_chunk_bytes, last;
+	__u32 size = aggbox_dtype_size(hdr->dtype), nchunks;
+
+	if (ctl->rx_claim == AGGBOX_CLAIM_SET)
+		return 0;
+	if (__sync_val_compare_and_swap(&ctl->rx_claim, AGGBOX_CLAIM_OPEN, AGGBOX_CLAIM_BUSY) != AGGBOX_CLAIM_OPEN)
+		return ctl->rx_claim == AGGBOX_CLAIM_SET ? 0 : -1;
+	bytes = (__u64)hdr->count * size;
+	nchunks = chunk ? (bytes + chunk - 1) / chunk : 0;
+	if (nchunks == 0)
+		nchunks = 1;
+	last = bytes - (__u64)(nchunks - 1) * chunk;
+	if (!size || !chunk || hdr->nchunks != nchunks || last > chunk) {
+		ctl->rx_claim = AGGBOX_CLAIM_OPEN; /* not ours to judge: user space */
+		return -1;
+	}
+	ctl->rx_root = hdr->sender;
+	ctl->rx_count = hdr->count;
+	ctl->rx_dtype = hdr->dtype;
+	ctl->rx_nchunks = nchunks;
+	ctl->rx_last_bytes = last;
+	ctl->rx_target = nchunks;
+	ctl->rx_credit = nchunks < AGGBOX_RX_SLOTS ? nchunks : AGGBOX_RX_SLOTS;
+	__sync_lock_test_and_set(&ctl->rx_claim, AGGBOX_CLAIM_SET);
+	return 0;
+}
+
 static __always_inline int aggbox_xdp_bcast_data(struct xdp_md *ctx, struct aggbox_pkt *pkt, __u32 ctl_idx)
 {
 	struct aggbox_hdr *hdr = pkt->hdr;
@@ -199,6 +246,8 @@ static __always_inline int aggbox_xdp_bcast_data(struct xdp_md *ctx, struct aggb
 	if (!ctl || pkt->ip->ihl != 5)
 		goto to_user;
 	len = bpf_ntohs(pkt->udp->len) - sizeof(struct udphdr) - sizeof(*hdr);
+	if (ctl->rx_seq != 0 && seq == ctl->rx_seq && aggbox_claim(ctl, hdr))
+		goto to_user;
 	/* Only the broadcast the process armed, exactly as it called it. */
 	if (ctl->rx_seq == 0 || seq != ctl->rx_seq || hdr->sender != ctl->rx_root ||
 	    hdr->nchunks != ctl->rx_nchunks || hdr->count != ctl->rx_count || hdr->dtype != ctl->rx_dtype ||

@@ -85,8 +85,14 @@ struct aggbox_ctl {
 	__u32 tx_done; /* chunks held by every receiver (XDP adds) */
 	__u32 tx_reserved;
 	__u32 rx_notified; /* set once the completion notice went up */
-	__u32 rx_reserved;
+	/* Armed ahead for the next broadcast, whose call is not known yet: the
+	 * first chunk claims (AGGBOX_CLAIM_*) the parameters it carries. */
+	__u32 rx_claim;
 };
+
+#define AGGBOX_CLAIM_OPEN 0 /* armed ahead: the first chunk sets the parameters */
+#define AGGBOX_CLAIM_BUSY 1 /* a CPU (or the process) is setting them */
+#define AGGBOX_CLAIM_SET 2 /* parameters known: place what matches them */
 
 /* ab_groups: group id -> what a datagram of that group must carry. */
 struct aggbox_group {

@@ -696,6 +696,9 @@ impl Comm {
     fn bcast_root(&mut self, buf: &[u8], call: &Call) -> Result<()> {
         self.bcast.window.start(self.size(), self.rank());
         if let Some(windows) = self.kernel_windows() {
+            // Armed ahead to receive this broadcast: this rank is its root,
+            // so chunks of it from anyone else go to user space (two roots).
+            windows.disarm_rx();
             windows.arm_tx(call.seq, call.nchunks as u32, self.size() as u32 - 1, KERNEL_TX_NOTIFY);
         }
         let result = self.bcast_root_loop(buf, call);
@@ -952,7 +955,7 @@ impl Comm {
 
     /// This communicator's kernel broadcast windows, when it runs the
     /// kernel datapath and got a control block.
-    fn kernel_windows(&self) -> Option<&Windows> {
+    pub(crate) fn kernel_windows(&self) -> Option<&Windows> {
         if self.datapath() != Datapath::Kernel {
             return None;
         }
@@ -1019,23 +1022,49 @@ impl Comm {
     fn bcast_receive(&mut self, buf: &mut [u8], call: &Call) -> Result<()> {
         self.bcast.placed.start(call.nchunks);
         self.bcast.low = 0;
+        let arm = RxArm {
+            seq: call.seq,
+            root: call.root as u32,
+            rank: self.rank() as u32,
+            nchunks: call.nchunks as u32,
+            count: call.count,
+            dtype: u32::from(call.dtype.code()),
+            chunk_bytes: self.chunk as u32,
+            last_bytes: chunk_bytes(call.nchunks - 1, call.bytes, self.chunk).len() as u32,
+        };
+        let claimed = self.kernel_windows().map(|w| w.claim_for_call(&arm));
+        let result = match claimed {
+            Some(Err((root, count, dtype))) => Err(self.claimed_mismatch(call, root as usize, count, dtype)),
+            _ => self.bcast_receive_loop(buf, call),
+        };
         if let Some(windows) = self.kernel_windows() {
-            windows.arm_rx(&RxArm {
-                seq: call.seq,
-                root: call.root as u32,
-                rank: self.rank() as u32,
-                nchunks: call.nchunks as u32,
-                count: call.count,
-                dtype: u32::from(call.dtype.code()),
-                chunk_bytes: self.chunk as u32,
-                last_bytes: chunk_bytes(call.nchunks - 1, call.bytes, self.chunk).len() as u32,
-            });
-        }
-        let result = self.bcast_receive_loop(buf, call);
-        if let Some(windows) = self.kernel_windows() {
-            windows.disarm_rx();
+            match &result {
+                // Open the window for the next broadcast now: its root may
+                // send before this rank calls it.
+                Ok(()) => windows.arm_rx_ahead(call.seq.wrapping_add(1), self.rank() as u32, self.chunk as u32),
+                Err(_) => windows.disarm_rx(),
+            }
         }
         result
+    }
+
+    /// The first chunk of this broadcast (placed by XDP while the window
+    /// was armed ahead) came from a call that disagrees with this rank's:
+    /// tell the sender and the root, and fail. Nothing of it reaches `buf`.
+    fn claimed_mismatch(&mut self, call: &Call, sender: usize, count: u32, dtype: u32) -> Error {
+        let mut tell = RankSet::default();
+        tell.insert(sender.min(self.size() - 1));
+        tell.insert(call.root);
+        if let Err(e) = self.send_bcast_abort(call.seq, self.rank(), true, tell) {
+            tracing::warn!(error = %e, "telling the root that broadcast #{} is mismatched", call.seq);
+        }
+        let theirs = Dtype::from_code(dtype as u8).map_or_else(|| format!("code {dtype}"), |d| d.to_string());
+        Error::Mismatch(format!(
+            "broadcast #{}: rank {sender} sent it as root with dtype {theirs}, count {count}; rank {} called with {}",
+            call.seq,
+            self.rank(),
+            call.describe()
+        ))
     }
 
     fn bcast_receive_loop(&mut self, buf: &mut [u8], call: &Call) -> Result<()> {

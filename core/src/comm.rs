@@ -162,7 +162,7 @@ impl Comm {
             addr = %transport.local_addr(),
             "communicator ready"
         );
-        Ok(Comm {
+        let comm = Comm {
             config,
             group,
             transport,
@@ -181,7 +181,12 @@ impl Comm {
             heard: vec![false; n],
             closed: vec![false; n],
             failed: vec![false; n],
-        })
+        };
+        // The first broadcast's root may send before this rank calls it.
+        if let Some(windows) = comm.kernel_windows() {
+            windows.arm_rx_ahead(1, comm.rank() as u32, chunk as u32);
+        }
+        Ok(comm)
     }
 
     fn kernel_attachment(iface: &Interface, port: u16) -> Result<Attachment, String> {

@@ -124,9 +124,16 @@ pub struct Ctl {
     pub tx_reserved: u32,
     /// Set once the completion notice went up.
     pub rx_notified: u32,
-    /// Zero.
-    pub rx_reserved: u32,
+    /// [`CLAIM_OPEN`], [`CLAIM_BUSY`] or [`CLAIM_SET`].
+    pub rx_claim: u32,
 }
+
+/// `AGGBOX_CLAIM_OPEN`: armed ahead; the first chunk sets the parameters.
+pub const CLAIM_OPEN: u32 = 0;
+/// `AGGBOX_CLAIM_BUSY`: someone is setting them.
+pub const CLAIM_BUSY: u32 = 1;
+/// `AGGBOX_CLAIM_SET`: parameters known.
+pub const CLAIM_SET: u32 = 2;
 
 /// Broadcast counters (`enum aggbox_bstat`), in index order.
 pub const BSTAT_NAMES: [&str; 8] =
@@ -276,6 +283,8 @@ mod tests {
             "offsetof(struct aggbox_ctl, tx_done)",
             "offsetof(struct aggbox_ctl, rx_target)",
             "offsetof(struct aggbox_ctl, rx_notified)",
+            "offsetof(struct aggbox_ctl, rx_claim)",
+            "AGGBOX_CLAIM_SET",
             "AGGBOX_BSTAT_MAX",
             "AGGBOX_BSTAT_TO_USER",
             "offsetof(struct aggbox_port, group)",
@@ -325,6 +334,8 @@ mod tests {
             offset_of!(Ctl, tx_done),
             offset_of!(Ctl, rx_target),
             offset_of!(Ctl, rx_notified),
+            offset_of!(Ctl, rx_claim),
+            CLAIM_SET as usize,
             BSTAT_NAMES.len(),
             BSTAT_NAMES.iter().position(|n| *n == "to_user").unwrap(),
             offset_of!(PortValue, group),

@@ -12,7 +12,7 @@ use std::{
 };
 
 use crate::{
-    maps::{Ctl, RxSlot, TxSlot, CTL_SLOTS, RX_SLOTS, TX_SLOTS},
+    maps::{Ctl, RxSlot, TxSlot, CLAIM_BUSY, CLAIM_OPEN, CLAIM_SET, CTL_SLOTS, RX_SLOTS, TX_SLOTS},
     Error, Result,
 };
 
@@ -171,7 +171,71 @@ impl Windows {
         field(std::mem::offset_of!(Ctl, rx_landed)).store(0, Relaxed);
         field(std::mem::offset_of!(Ctl, rx_target)).store(arm.nchunks, Relaxed);
         field(std::mem::offset_of!(Ctl, rx_notified)).store(0, Relaxed);
+        field(std::mem::offset_of!(Ctl, rx_claim)).store(CLAIM_SET, Relaxed);
         field(std::mem::offset_of!(Ctl, rx_seq)).store(arm.seq, Release);
+    }
+
+    /// Arms the receive side ahead for broadcast `seq`, before its call is
+    /// made: the first chunk that arrives sets the parameters it carries
+    /// (XDP's `aggbox_claim`), and [`Windows::claim_for_call`] checks them
+    /// against the call when it comes. So a root that is already sending
+    /// finds the window open.
+    pub fn arm_rx_ahead(&self, seq: u32, rank: u32, chunk_bytes: u32) {
+        use std::sync::atomic::Ordering::{Relaxed, Release};
+        let field = |offset| self.ctl_field(offset);
+        field(std::mem::offset_of!(Ctl, rx_seq)).store(0, Release);
+        field(std::mem::offset_of!(Ctl, rx_rank)).store(rank, Relaxed);
+        field(std::mem::offset_of!(Ctl, rx_chunk_bytes)).store(chunk_bytes, Relaxed);
+        field(std::mem::offset_of!(Ctl, rx_credit)).store(0, Relaxed);
+        field(std::mem::offset_of!(Ctl, rx_notify)).store(RX_SLOTS / 2, Relaxed);
+        field(std::mem::offset_of!(Ctl, rx_landed)).store(0, Relaxed);
+        field(std::mem::offset_of!(Ctl, rx_target)).store(u32::MAX, Relaxed);
+        field(std::mem::offset_of!(Ctl, rx_notified)).store(0, Relaxed);
+        field(std::mem::offset_of!(Ctl, rx_claim)).store(CLAIM_OPEN, Relaxed);
+        field(std::mem::offset_of!(Ctl, rx_seq)).store(seq, Release);
+    }
+
+    /// Makes the receive side ready for the call `arm`: arms it if it was
+    /// not armed ahead for this broadcast; takes the parameters over if no
+    /// chunk claimed them yet; else checks the claimed ones. On a mismatch
+    /// returns what the first chunk said: (root, count, dtype).
+    pub fn claim_for_call(&self, arm: &RxArm) -> std::result::Result<(), (u32, u32, u32)> {
+        use std::sync::atomic::Ordering::{AcqRel, Acquire, Relaxed, Release};
+        let field = |offset| self.ctl_field(offset);
+        if field(std::mem::offset_of!(Ctl, rx_seq)).load(Acquire) != arm.seq {
+            self.arm_rx(arm);
+            return Ok(());
+        }
+        let claim = field(std::mem::offset_of!(Ctl, rx_claim));
+        loop {
+            match claim.compare_exchange(CLAIM_OPEN, CLAIM_BUSY, AcqRel, Acquire) {
+                Ok(_) => {
+                    // No chunk yet: the call's parameters, exactly.
+                    field(std::mem::offset_of!(Ctl, rx_root)).store(arm.root, Relaxed);
+                    field(std::mem::offset_of!(Ctl, rx_count)).store(arm.count, Relaxed);
+                    field(std::mem::offset_of!(Ctl, rx_dtype)).store(arm.dtype, Relaxed);
+                    field(std::mem::offset_of!(Ctl, rx_nchunks)).store(arm.nchunks, Relaxed);
+                    field(std::mem::offset_of!(Ctl, rx_last_bytes)).store(arm.last_bytes, Relaxed);
+                    field(std::mem::offset_of!(Ctl, rx_target)).store(arm.nchunks, Relaxed);
+                    field(std::mem::offset_of!(Ctl, rx_credit)).store(arm.nchunks.min(RX_SLOTS), Relaxed);
+                    claim.store(CLAIM_SET, Release);
+                    return Ok(());
+                }
+                Err(CLAIM_BUSY) => std::hint::spin_loop(), // XDP is writing them: a few instructions
+                Err(_) => break,
+            }
+        }
+        let said = (
+            field(std::mem::offset_of!(Ctl, rx_root)).load(Acquire),
+            field(std::mem::offset_of!(Ctl, rx_count)).load(Acquire),
+            field(std::mem::offset_of!(Ctl, rx_dtype)).load(Acquire),
+        );
+        let nchunks = field(std::mem::offset_of!(Ctl, rx_nchunks)).load(Acquire);
+        if said == (arm.root, arm.count, arm.dtype) && nchunks == arm.nchunks {
+            Ok(())
+        } else {
+            Err(said)
+        }
     }
 
     /// The process placed a chunk itself (it came to the socket): XDP has

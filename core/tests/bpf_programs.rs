@@ -249,6 +249,7 @@ fn xdp_places_a_chunk_and_answers_with_an_ack() {
             rx_rank: 0,
             rx_nchunks: 2,
             rx_target: 2,
+            rx_claim: aggbox_core::maps::CLAIM_SET,
             rx_count: total as u32,
             rx_dtype: 0,
             rx_chunk_bytes: P as u32,
@@ -321,6 +322,7 @@ fn xdp_leaves_to_user_space_what_it_was_not_armed_for() {
             rx_root: 1,
             rx_nchunks: 1,
             rx_target: 1,
+            rx_claim: aggbox_core::maps::CLAIM_SET,
             rx_count: 10,
             rx_chunk_bytes: P as u32,
             rx_last_bytes: 10,
@@ -398,6 +400,7 @@ fn xdp_answers_but_never_places_a_chunk_below_the_window() {
             rx_root: 1,
             rx_nchunks: nchunks,
             rx_target: nchunks,
+            rx_claim: aggbox_core::maps::CLAIM_SET,
             rx_count: nchunks * P as u32,
             rx_chunk_bytes: P as u32,
             rx_last_bytes: P as u32,
@@ -421,4 +424,44 @@ fn xdp_answers_but_never_places_a_chunk_below_the_window() {
     assert_eq!(slot, vec![0x55u8; P]);
     assert_eq!(bstat(&h, "placed"), 1);
     assert_eq!(bstat(&h, "duplicates"), 1);
+}
+
+#[test]
+fn a_window_armed_ahead_takes_the_first_chunks_parameters() {
+    use aggbox_core::maps::{CLAIM_OPEN, CLAIM_SET};
+    let mut h = Harness::new().unwrap();
+    let windows = h.register_with_windows(LOCAL_IP, LOCAL_PORT, &group(), CTL).unwrap();
+    windows.arm_rx_ahead(4, 0, P as u32);
+    let claim = |w: &aggbox_core::window::Windows| {
+        w.ctl_field(std::mem::offset_of!(Ctl, rx_claim)).load(std::sync::atomic::Ordering::Acquire)
+    };
+    assert_eq!(claim(&windows), CLAIM_OPEN);
+    // Broadcast #4: 3 chunks of u8 from rank 1.
+    let count = 2 * P as u32 + 5;
+    let mut first = bcast_header(BCAST_DATA, 1, 4, 1, 3, count);
+    first.extend(std::iter::repeat_n(0x42u8, P));
+    assert_eq!(h.run(Prog::XdpIngress, &inbound(&first)).unwrap().retval, xdp::TX, "placed and answered");
+    assert_eq!(claim(&windows), CLAIM_SET);
+    // SAFETY: XDP is done with the control block.
+    let ctl = unsafe { *windows.ctl() };
+    assert_eq!((ctl.rx_root, ctl.rx_count, ctl.rx_nchunks, ctl.rx_last_bytes, ctl.rx_target), (1, count, 3, 5, 3));
+    assert!(windows.rx_holds(4, 1));
+    // A chunk of the same broadcast with another count: user space decides.
+    let mut other = bcast_header(BCAST_DATA, 1, 4, 2, 3, count + 1);
+    other.extend(std::iter::repeat_n(0x42u8, 6));
+    assert_eq!(h.run(Prog::XdpIngress, &inbound(&other)).unwrap().retval, xdp::PASS);
+    // The call that agrees is accepted; one that does not learns what came.
+    let arm = aggbox_core::window::RxArm {
+        seq: 4,
+        root: 1,
+        rank: 0,
+        nchunks: 3,
+        count,
+        dtype: 0,
+        chunk_bytes: P as u32,
+        last_bytes: 5,
+    };
+    assert_eq!(windows.claim_for_call(&arm), Ok(()));
+    let wrong = aggbox_core::window::RxArm { count: count - 1, ..arm };
+    assert_eq!(windows.claim_for_call(&wrong), Err((1, count, 0)));
 }

@@ -103,6 +103,7 @@ fn receivers_place_and_answer_in_the_kernel_and_the_root_folds() {
                 rx_rank: rank as u32,
                 rx_nchunks: nchunks,
             rx_target: nchunks,
+            rx_claim: aggbox_core::maps::CLAIM_SET,
                 rx_count: total,
                 rx_chunk_bytes: P,
                 rx_last_bytes: 10,
