@@ -125,6 +125,86 @@ static __always_inline int aggbox_tc_fanout(struct __sk_buff *skb, struct aggbox
 	return TC_ACT_OK;
 }
 
+/* ---- TC ingress: answering the chunk of a landed notice --------------------- */
+
+/* Swaps source and destination MAC, IPv4 address and UDP port in place (the
+ * IPv4 checksum does not change). The frame has no IP options. */
+static __always_inline int aggbox_tc_swap(struct __sk_buff *skb)
+{
+	void *data = (void *)(long)skb->data;
+	void *data_end = (void *)(long)skb->data_end;
+	struct ethhdr *eth = data;
+	struct iphdr *ip = (void *)(eth + 1);
+	struct udphdr *udp = (void *)(ip + 1);
+	__u8 mac[ETH_ALEN];
+	__u32 addr;
+	__u16 port;
+
+	if ((void *)(udp + 1) > data_end)
+		return -1;
+	__builtin_memcpy(mac, eth->h_dest, ETH_ALEN);
+	__builtin_memcpy(eth->h_dest, eth->h_source, ETH_ALEN);
+	__builtin_memcpy(eth->h_source, mac, ETH_ALEN);
+	addr = ip->daddr;
+	ip->daddr = ip->saddr;
+	ip->saddr = addr;
+	port = udp->dest;
+	udp->dest = udp->source;
+	udp->source = port;
+	return 0;
+}
+
+static __always_inline struct aggbox_hdr *aggbox_tc_hdr(struct __sk_buff *skb)
+{
+	void *data = (void *)(long)skb->data;
+	void *data_end = (void *)(long)skb->data_end;
+	struct aggbox_hdr *hdr = data + AGGBOX_OFF_UDP + sizeof(struct udphdr);
+
+	return (void *)(hdr + 1) > data_end ? NULL : hdr;
+}
+
+/*
+ * A BCAST_LANDED notice XDP passed up (payload already cut, UDP checksum 0):
+ * turn it into the chunk's BCAST_ACK, send a copy of that back out of the
+ * interface, and turn it back into the notice for the process, flagged
+ * ANSWERED so the process does not answer it again.
+ */
+static __always_inline int aggbox_tc_answer_landed(struct __sk_buff *skb, struct aggbox_pkt *pkt)
+{
+	struct aggbox_ctl *ctl;
+	struct aggbox_hdr *hdr = pkt->hdr;
+	__u32 ctl_idx = pkt->ctl;
+	__u16 root = hdr->sender, flags = hdr->flags;
+
+	if (pkt->ip->ihl != 5 || (flags & AGGBOX_FLAG_ANSWERED))
+		return TC_ACT_OK;
+	ctl = bpf_map_lookup_elem(&ab_ctl, &ctl_idx);
+	if (!ctl)
+		return TC_ACT_OK;
+	if (aggbox_tc_swap(skb))
+		return TC_ACT_OK;
+	hdr = aggbox_tc_hdr(skb);
+	if (!hdr)
+		return TC_ACT_OK;
+	hdr->kind = AGGBOX_KIND_BCAST_ACK;
+	hdr->sender = ctl->rx_rank;
+	hdr->flags = 0;
+	if (bpf_clone_redirect(skb, skb->ifindex, 0) == 0) {
+		aggbox_bcount(AGGBOX_BSTAT_ACKS_SENT);
+		flags |= AGGBOX_FLAG_ANSWERED;
+	} /* else not sent: the process answers it */
+	/* Back into the notice (the packet's pointers are new after the clone). */
+	if (aggbox_tc_swap(skb))
+		return TC_ACT_OK;
+	hdr = aggbox_tc_hdr(skb);
+	if (!hdr)
+		return TC_ACT_OK;
+	hdr->kind = AGGBOX_KIND_BCAST_LANDED;
+	hdr->sender = root;
+	hdr->flags = flags;
+	return TC_ACT_OK;
+}
+
 /* ---- XDP: turning a datagram around ---------------------------------------- */
 
 /*
@@ -294,9 +374,13 @@ static __always_inline int aggbox_xdp_bcast_data(struct xdp_md *ctx, struct aggb
 		if (!hdr)
 			return XDP_DROP;
 		hdr->kind = AGGBOX_KIND_BCAST_LANDED;
+		hdr->flags = 0;
 		hdr->count = landed;
 		aggbox_bcount(AGGBOX_BSTAT_LANDED);
-		return XDP_PASS; /* the process's one wake-up for these chunks */
+		/* The process's one wake-up for these chunks. TC ingress (which,
+		 * unlike XDP, can copy a packet) answers the chunk on the way up,
+		 * so the root does not wait for this process to run. */
+		return XDP_PASS;
 	}
 	goto reply;
 

@@ -40,6 +40,7 @@ enum aggbox_kind {
 #define AGGBOX_FLAG_FANOUT 0x0002 /* BCAST_DATA: TC egress clones it to every member */
 #define AGGBOX_FLAG_GROUP 0x0004 /* BCAST_ACK: every receiver holds chunks [0, chunk) */
 #define AGGBOX_FLAG_MISMATCH 0x0008 /* BCAST_ABORT: the ranks' calls disagree */
+#define AGGBOX_FLAG_ANSWERED 0x0010 /* BCAST_LANDED: the kernel sent this chunk's ACK already */
 
 /* The fixed header at the start of every AggBox UDP payload (40 bytes). */
 struct aggbox_hdr {

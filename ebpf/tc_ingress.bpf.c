@@ -1,11 +1,11 @@
 // SPDX-License-Identifier: GPL-2.0 OR Apache-2.0
 /*
- * TC ingress: where a result that XDP completed is fanned out to the group
- * (skbs can be cloned here, XDP frames cannot). Today it checks what XDP
- * passed up, drops invalid AggBox datagrams and lets everything else through.
+ * TC ingress: checks what XDP passed up (invalid AggBox datagrams are
+ * dropped) and, since skbs can be copied here and XDP frames cannot, sends
+ * the ACK of the chunk whose landed notice XDP passed up to the process
+ * (aggbox_tc_answer_landed). Later: fan-out of results XDP completed.
  */
-#include <linux/pkt_cls.h>
-#include "aggbox_parse.h"
+#include "aggbox_bcast.h"
 
 SEC("classifier")
 int aggbox_tc_ingress(struct __sk_buff *skb)
@@ -18,10 +18,16 @@ int aggbox_tc_ingress(struct __sk_buff *skb)
 	data = (void *)(long)skb->data;
 	data_end = (void *)(long)skb->data_end;
 
-	if (aggbox_classify(data, data_end, AGGBOX_DIR_IN, AGGBOX_PROG_TC_INGRESS, &pkt) ==
-	    AGGBOX_INVALID)
+	switch (aggbox_classify(data, data_end, AGGBOX_DIR_IN, AGGBOX_PROG_TC_INGRESS, &pkt)) {
+	case AGGBOX_INVALID:
 		return TC_ACT_SHOT;
-	return TC_ACT_OK;
+	case AGGBOX_VALID:
+		if (pkt.hdr->kind == AGGBOX_KIND_BCAST_LANDED && pkt.ctl < AGGBOX_CTL_SLOTS)
+			return aggbox_tc_answer_landed(skb, &pkt);
+		return TC_ACT_OK;
+	default:
+		return TC_ACT_OK;
+	}
 }
 
 char LICENSE[] SEC("license") = "Dual BSD/GPL";

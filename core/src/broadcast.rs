@@ -43,7 +43,7 @@ use crate::{
     dtype::{as_bytes_mut, Dtype, Element},
     maps::RX_SLOTS,
     window::{RxArm, Windows},
-    wire::{seq_at_or_before, Header, Kind, FLAG_FANOUT, FLAG_GROUP, FLAG_MISMATCH, FLAG_RETRANSMIT, HDR_LEN, MAX_RANKS},
+    wire::{seq_at_or_before, Header, Kind, FLAG_ANSWERED, FLAG_FANOUT, FLAG_GROUP, FLAG_MISMATCH, FLAG_RETRANSMIT, HDR_LEN, MAX_RANKS},
     Datapath,
     Comm, Error, Result,
 };
@@ -1080,8 +1080,11 @@ impl Comm {
                 Some(got) if got.kind == Kind::BcastLanded && got.header.seq == call.seq => {
                     self.user_stats.bcast_landed += 1;
                     self.drain_kernel_window(buf, call);
-                    // XDP passed this chunk up instead of answering it.
-                    self.queue_ack(&got.header, call.root)?;
+                    // XDP passed this chunk up instead of answering it; TC
+                    // ingress answers it on the way up when it can.
+                    if got.header.flags & FLAG_ANSWERED == 0 {
+                        self.queue_ack(&got.header, call.root)?;
+                    }
                     heard = Instant::now();
                 }
                 Some(got) if self.receiver_on(&got, buf, call)? => heard = Instant::now(),

@@ -21,6 +21,8 @@ pub const FLAG_FANOUT: u16 = 0x0002;
 pub const FLAG_GROUP: u16 = 0x0004;
 /// Header flag of `BCAST_ABORT`: the ranks' calls disagree.
 pub const FLAG_MISMATCH: u16 = 0x0008;
+/// Header flag of `BCAST_LANDED`: the kernel sent this chunk's ACK already.
+pub const FLAG_ANSWERED: u16 = 0x0010;
 /// Largest chunk payload (a window slot of the kernel datapath).
 pub const CHUNK_MAX: usize = 4032;
 /// IPv4 + UDP + AggBox header bytes in every datagram.
@@ -200,6 +202,7 @@ mod tests {
                 "AGGBOX_FLAG_FANOUT",
                 "AGGBOX_FLAG_GROUP",
                 "AGGBOX_FLAG_MISMATCH",
+                "AGGBOX_FLAG_ANSWERED",
                 "AGGBOX_CHUNK_MAX",
             ]
             .map(String::from),
@@ -243,6 +246,7 @@ mod tests {
             FLAG_FANOUT as u64,
             FLAG_GROUP as u64,
             FLAG_MISMATCH as u64,
+            FLAG_ANSWERED as u64,
             CHUNK_MAX as u64,
             Kind::BarrierArrive as u64,
             Kind::BarrierRelease as u64,

@@ -152,4 +152,31 @@ fn receivers_place_and_answer_in_the_kernel_and_the_root_folds() {
     let stats = hosts[0].1.broadcast_stats().unwrap();
     let stat = |name: &str| stats[BSTAT_NAMES.iter().position(|n| *n == name).unwrap()];
     assert_eq!((stat("cloned"), stat("acks_folded"), stat("group_acks")), (7, 7, 1));
+
+    // The last chunk completes the broadcast: each receiver's XDP passes a
+    // landed notice up, and TC ingress answers the chunk on the way, so the
+    // root's group-ACK needs no receiving process.
+    hosts[0].1.windows().unwrap().prepare_tx(seq, 1);
+    let mut header = Header::new(Kind::BcastData, group.group, group.token, 0, seq);
+    header.flags = FLAG_FANOUT;
+    header.chunk = 1;
+    header.nchunks = nchunks;
+    header.count = total;
+    let mut last = vec![0u8; HDR_LEN];
+    header.write_to(&mut last);
+    last.extend_from_slice(&[0x5a; 10]);
+    hosts[0].0.send(&last, peers[1].addr()).unwrap();
+    let (len, _) = hosts[0].0.recv(&mut buf, Instant::now() + Duration::from_secs(5)).unwrap().expect("group-ACK");
+    let (ack, _) = Header::read_from(&buf[..len]).unwrap();
+    assert_eq!((ack.flags, ack.count), (aggbox_core::wire::FLAG_GROUP, 2), "both chunks held by all");
+    for (rank, (transport, attachment)) in hosts.iter().enumerate().skip(1) {
+        let (len, _) = transport.recv(&mut buf, Instant::now() + Duration::from_secs(5)).unwrap().expect("notice");
+        let (notice, kind) = Header::read_from(&buf[..len]).unwrap();
+        assert_eq!(kind, Kind::BcastLanded, "rank {rank}");
+        assert_eq!(notice.flags, aggbox_core::wire::FLAG_ANSWERED, "rank {rank}: answered by the kernel");
+        assert_eq!((notice.seq, notice.chunk, notice.count, notice.sender), (seq, 1, 2, 0), "rank {rank}");
+        let mut placed = vec![0u8; 10];
+        attachment.windows().unwrap().copy_rx(1, &mut placed);
+        assert_eq!(placed, vec![0x5a; 10], "rank {rank}");
+    }
 }
