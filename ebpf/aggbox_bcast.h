@@ -36,6 +36,19 @@ static __always_inline __u64 aggbox_tag(__u32 seq, __u32 chunk)
 	return ((__u64)seq << 32) | chunk;
 }
 
+/* Whether slot tag `a` is of an earlier chunk than tag `b` (sequence numbers
+ * compared as serial numbers, so across their wrap; 0 is older than all). */
+static __always_inline int aggbox_tag_older(__u64 a, __u64 b)
+{
+	__u32 a_seq = a >> 32, b_seq = b >> 32;
+
+	if (a == 0)
+		return 1;
+	if (a_seq != b_seq)
+		return (__s32)(a_seq - b_seq) < 0;
+	return (__u32)a < (__u32)b;
+}
+
 /* RFC 1624: the checksum after a 16-bit field changed from old to new. */
 static __always_inline __u16 aggbox_csum_replace2(__u16 check, __u16 old, __u16 new)
 {
@@ -293,6 +306,12 @@ static __always_inline int aggbox_claim(struct aggbox_ctl *ctl, struct aggbox_hd
 		return 0;
 	if (__sync_val_compare_and_swap(&ctl->rx_claim, AGGBOX_CLAIM_OPEN, AGGBOX_CLAIM_BUSY) != AGGBOX_CLAIM_OPEN)
 		return ctl->rx_claim == AGGBOX_CLAIM_SET ? 0 : -1;
+	if (ctl->rx_seq != hdr->seq) {
+		/* A chunk of the broadcast before, whose check raced the window
+		 * being armed ahead: it must not claim the next one. */
+		ctl->rx_claim = AGGBOX_CLAIM_OPEN;
+		return -1;
+	}
 	bytes = (__u64)hdr->count * size;
 	nchunks = chunk ? (bytes + chunk - 1) / chunk : 0;
 	if (nchunks == 0)
@@ -351,17 +370,25 @@ static __always_inline int aggbox_xdp_bcast_data(struct xdp_md *ctx, struct aggb
 	tag = aggbox_tag(seq, chunk);
 	busy = tag | ((__u64)AGGBOX_TAG_BUSY);
 	cur = slot->tag;
-	if (cur == tag || cur == busy) {
+	if (cur == tag) {
 		aggbox_bcount(AGGBOX_BSTAT_DUPLICATES); /* its ACK was lost: ACK again */
 		goto ack;
 	}
-	if (__sync_val_compare_and_swap(&slot->tag, cur, busy) != cur) {
-		aggbox_bcount(AGGBOX_BSTAT_DUPLICATES); /* another CPU took it */
-		goto ack;
-	}
+	/* Take the slot only from a chunk older than this one that nobody is
+	 * copying in: never from a CPU still writing (busy), nor from a newer
+	 * chunk (this one is a stale copy that raced the window forward).
+	 * Anything else goes to user space, which places it exactly once. */
+	if ((cur & AGGBOX_TAG_BUSY) || !aggbox_tag_older(cur, tag))
+		goto to_user;
+	if (__sync_val_compare_and_swap(&slot->tag, cur, busy) != cur)
+		goto to_user;
 	if (len > 0 && len <= AGGBOX_CHUNK_MAX && bpf_xdp_load_bytes(ctx, AGGBOX_OFF_PAYLOAD, slot->data, len))
 		goto to_user_busy;
-	__sync_lock_test_and_set(&slot->tag, tag); /* published: the process may copy it */
+	/* Published: the process may copy it. */
+	if (__sync_val_compare_and_swap(&slot->tag, busy, tag) != busy)
+		goto to_user;
+	if (ctl->rx_seq != seq)
+		goto to_user; /* the window moved on meanwhile: do not count it */
 	aggbox_bcount(AGGBOX_BSTAT_PLACED);
 	landed = __sync_fetch_and_add(&ctl->rx_landed, 1) + 1;
 	rank = ctl->rx_rank;
@@ -398,7 +425,7 @@ reply:
 	return aggbox_xdp_bounce(ctx);
 
 to_user_busy:
-	slot->tag = cur; /* give the slot back as it was */
+	__sync_val_compare_and_swap(&slot->tag, busy, cur); /* give the slot back as it was */
 to_user:
 	aggbox_bcount(AGGBOX_BSTAT_TO_USER);
 	return XDP_PASS;
@@ -428,10 +455,18 @@ static __always_inline int aggbox_xdp_bcast_ack(struct xdp_md *ctx, struct aggbo
 		aggbox_bcount(AGGBOX_BSTAT_DUPLICATES);
 		return XDP_DROP;
 	}
+	if (slot->tag != aggbox_tag(seq, chunk)) {
+		/* The root readied the slot for a later chunk meanwhile: this bit
+		 * is not that chunk's. A genuine ACK lost here is found by a probe. */
+		__sync_fetch_and_and(&slot->bits[word], ~bit);
+		goto to_user;
+	}
 	aggbox_bcount(AGGBOX_BSTAT_ACKS_FOLDED);
 	count = __sync_fetch_and_add(&slot->count, 1) + 1;
 	if (count != ctl->tx_receivers)
 		return XDP_DROP;
+	if (ctl->tx_seq != seq)
+		return XDP_DROP; /* that broadcast is over */
 	done = __sync_fetch_and_add(&ctl->tx_done, 1) + 1;
 	if (done != ctl->tx_nchunks && (!ctl->tx_notify || done % ctl->tx_notify))
 		return XDP_DROP;

@@ -696,14 +696,20 @@ impl Comm {
     fn bcast_root(&mut self, buf: &[u8], call: &Call) -> Result<()> {
         self.bcast.window.start(self.size(), self.rank());
         if let Some(windows) = self.kernel_windows() {
-            // Armed ahead to receive this broadcast: this rank is its root,
-            // so chunks of it from anyone else go to user space (two roots).
-            windows.disarm_rx();
+            // Armed ahead to receive this broadcast, but this rank is its
+            // root: if XDP placed chunks of it already, another rank thinks
+            // it is the root too.
+            if let Some(other) = windows.disarm_rx_landed(call.seq) {
+                return Err(self.two_roots(call, other as usize));
+            }
             windows.arm_tx(call.seq, call.nchunks as u32, self.size() as u32 - 1, KERNEL_TX_NOTIFY);
         }
         let result = self.bcast_root_loop(buf, call);
         if let Some(windows) = self.kernel_windows() {
             windows.disarm_tx();
+            if result.is_ok() && call.seq.wrapping_add(1) != 0 {
+                windows.arm_rx_ahead(call.seq.wrapping_add(1), self.rank() as u32, self.chunk as u32);
+            }
         }
         result
     }
@@ -956,7 +962,9 @@ impl Comm {
     /// This communicator's kernel broadcast windows, when it runs the
     /// kernel datapath and got a control block.
     pub(crate) fn kernel_windows(&self) -> Option<&Windows> {
-        if self.datapath() != Datapath::Kernel {
+        // Sequence number 0 (after 2^32 broadcasts) would match a slot tag
+        // never written: that broadcast runs in user space.
+        if self.datapath() != Datapath::Kernel || self.bcast.seq == 0 {
             return None;
         }
         self.attachment().and_then(|a| a.windows())
@@ -1003,8 +1011,11 @@ impl Comm {
         for chunk in state.low..end {
             if !state.placed.has(chunk) && windows.rx_holds(call.seq, chunk as u32) {
                 windows.copy_rx(chunk as u32, &mut buf[chunk_bytes(chunk, call.bytes, self.chunk)]);
-                state.placed.mark(chunk);
-                placed_any = true;
+                // Still that chunk after the copy (not retaken meanwhile)?
+                if windows.rx_holds(call.seq, chunk as u32) {
+                    state.placed.mark(chunk);
+                    placed_any = true;
+                }
             }
         }
         while state.low < call.nchunks && state.placed.has(state.low) {
@@ -1041,8 +1052,10 @@ impl Comm {
             match &result {
                 // Open the window for the next broadcast now: its root may
                 // send before this rank calls it.
-                Ok(()) => windows.arm_rx_ahead(call.seq.wrapping_add(1), self.rank() as u32, self.chunk as u32),
-                Err(_) => windows.disarm_rx(),
+                Ok(()) if call.seq.wrapping_add(1) != 0 => {
+                    windows.arm_rx_ahead(call.seq.wrapping_add(1), self.rank() as u32, self.chunk as u32)
+                }
+                _ => windows.disarm_rx(),
             }
         }
         result
@@ -1069,6 +1082,11 @@ impl Comm {
 
     fn bcast_receive_loop(&mut self, buf: &mut [u8], call: &Call) -> Result<()> {
         self.receive_early(buf, call)?;
+        // What XDP placed while the window was armed ahead (its notice may
+        // have come while this rank was in another operation).
+        if self.kernel_windows().is_some() {
+            self.drain_kernel_window(buf, call);
+        }
         let silence = self.timeout() + receiver_grace(self.timeout());
         let kernel = self.kernel_windows().is_some();
         let mut heard = Instant::now();
@@ -1237,6 +1255,17 @@ impl Comm {
             Kind::BcastData => {}
             Kind::BcastAck => self.user_stats.duplicates += 1,
             Kind::BcastAbort => {}
+            // A landed notice of the broadcast armed ahead, arriving while
+            // this rank is in another operation: what landed is taken when
+            // that broadcast is called; its chunk is answered now if the
+            // kernel could not.
+            Kind::BcastLanded => {
+                self.user_stats.bcast_landed += 1;
+                if header.flags & FLAG_ANSWERED == 0 {
+                    self.queue_ack(&header, sender)?;
+                    self.flush_queued()?;
+                }
+            }
             _ => return Ok(false),
         }
         Ok(true)

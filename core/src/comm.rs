@@ -183,7 +183,7 @@ impl Comm {
             failed: vec![false; n],
         };
         // The first broadcast's root may send before this rank calls it.
-        if let Some(windows) = comm.kernel_windows() {
+        if let Some(windows) = comm.attachment.as_ref().and_then(|a| a.windows()).filter(|_| datapath == Datapath::Kernel) {
             windows.arm_rx_ahead(1, comm.rank() as u32, chunk as u32);
         }
         Ok(comm)

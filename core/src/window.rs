@@ -247,6 +247,15 @@ impl Windows {
         self.ctl_field(std::mem::offset_of!(Ctl, rx_landed)).load(std::sync::atomic::Ordering::Acquire) >= target
     }
 
+    /// Stops placement; if it was armed (ahead) for `seq` and XDP placed
+    /// chunks of it, returns the root those chunks named.
+    pub fn disarm_rx_landed(&self, seq: u32) -> Option<u32> {
+        use std::sync::atomic::Ordering::{AcqRel, Acquire};
+        let armed = self.ctl_field(std::mem::offset_of!(Ctl, rx_seq)).swap(0, AcqRel);
+        let landed = self.ctl_field(std::mem::offset_of!(Ctl, rx_landed)).load(Acquire);
+        (armed == seq && landed > 0).then(|| self.ctl_field(std::mem::offset_of!(Ctl, rx_root)).load(Acquire))
+    }
+
     /// Stops placement (the broadcast is complete or failed).
     pub fn disarm_rx(&self) {
         self.ctl_field(std::mem::offset_of!(Ctl, rx_seq)).store(0, std::sync::atomic::Ordering::Release);
