@@ -765,7 +765,7 @@ impl Comm {
         let mut header = self.bcast_header(Kind::BcastData, call);
         // On the kernel datapath each chunk leaves once, to the next rank,
         // and TC egress clones it to the others.
-        let fanout = self.kernel_windows().is_some();
+        let fanout = self.kernel_windows().is_some() && self.fanout_reaches_all();
         let mut first = RankSet::default();
         first.insert((self.rank() + 1) % self.size());
         if fanout {
@@ -968,6 +968,15 @@ impl Comm {
             return None;
         }
         self.attachment().and_then(|a| a.windows())
+    }
+
+    /// Whether TC egress can fan out to every other rank: each is on this
+    /// interface's subnet (its clone gets the rank's own MAC, so a rank
+    /// behind a router would lose it) and on another host (a clone to this
+    /// host's own address would leave on the wire and never come back).
+    fn fanout_reaches_all(&self) -> bool {
+        let me = self.iface().ipv4;
+        self.peers().iter().filter(|p| p.rank != self.rank()).all(|p| p.ipv4 != me && self.iface().reaches(p.ipv4))
     }
 
     /// Copies into the root's view what the XDP program folded into the
