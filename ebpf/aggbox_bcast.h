@@ -141,20 +141,14 @@ static __always_inline int aggbox_tc_fanout(struct __sk_buff *skb, struct aggbox
 /* ---- TC ingress: answering the chunk of a landed notice --------------------- */
 
 /* Swaps source and destination MAC, IPv4 address and UDP port in place (the
- * IPv4 checksum does not change). The frame has no IP options. */
-static __always_inline int aggbox_tc_swap(struct __sk_buff *skb)
+ * IPv4 checksum does not change). The frame has no IP options, and the
+ * caller checked that the UDP header is within it. */
+static __always_inline void aggbox_swap_ends(struct ethhdr *eth, struct iphdr *ip, struct udphdr *udp)
 {
-	void *data = (void *)(long)skb->data;
-	void *data_end = (void *)(long)skb->data_end;
-	struct ethhdr *eth = data;
-	struct iphdr *ip = (void *)(eth + 1);
-	struct udphdr *udp = (void *)(ip + 1);
 	__u8 mac[ETH_ALEN];
 	__u32 addr;
 	__u16 port;
 
-	if ((void *)(udp + 1) > data_end)
-		return -1;
 	__builtin_memcpy(mac, eth->h_dest, ETH_ALEN);
 	__builtin_memcpy(eth->h_dest, eth->h_source, ETH_ALEN);
 	__builtin_memcpy(eth->h_source, mac, ETH_ALEN);
@@ -164,6 +158,20 @@ static __always_inline int aggbox_tc_swap(struct __sk_buff *skb)
 	port = udp->dest;
 	udp->dest = udp->source;
 	udp->source = port;
+}
+
+/* aggbox_swap_ends on an skb. */
+static __always_inline int aggbox_tc_swap(struct __sk_buff *skb)
+{
+	void *data = (void *)(long)skb->data;
+	void *data_end = (void *)(long)skb->data_end;
+	struct ethhdr *eth = data;
+	struct iphdr *ip = (void *)(eth + 1);
+	struct udphdr *udp = (void *)(ip + 1);
+
+	if ((void *)(udp + 1) > data_end)
+		return -1;
+	aggbox_swap_ends(eth, ip, udp);
 	return 0;
 }
 
@@ -259,21 +267,10 @@ static __always_inline int aggbox_xdp_bounce(struct xdp_md *ctx)
 	struct ethhdr *eth = data;
 	struct iphdr *ip = (void *)(eth + 1);
 	struct udphdr *udp = (void *)(ip + 1);
-	__u8 mac[ETH_ALEN];
-	__u32 addr;
-	__u16 port;
 
 	if ((void *)(udp + 1) > data_end)
 		return XDP_DROP;
-	__builtin_memcpy(mac, eth->h_dest, ETH_ALEN);
-	__builtin_memcpy(eth->h_dest, eth->h_source, ETH_ALEN);
-	__builtin_memcpy(eth->h_source, mac, ETH_ALEN);
-	addr = ip->daddr; /* swapping leaves the IPv4 checksum as it is */
-	ip->daddr = ip->saddr;
-	ip->saddr = addr;
-	port = udp->dest;
-	udp->dest = udp->source;
-	udp->source = port;
+	aggbox_swap_ends(eth, ip, udp);
 	return XDP_TX;
 }
 
