@@ -41,6 +41,7 @@ use std::{
 use crate::{
     comm::{Backoff, Received},
     dtype::{as_bytes_mut, Dtype, Element},
+    loader::Attachment,
     maps::RX_SLOTS,
     window::{RxArm, Windows},
     wire::{seq_at_or_before, Header, Kind, FLAG_ANSWERED, FLAG_FANOUT, FLAG_GROUP, FLAG_MISMATCH, FLAG_RETRANSMIT, HDR_LEN, MAX_RANKS},
@@ -492,6 +493,13 @@ impl BcastState {
             low: 0,
         }
     }
+}
+
+/// The kernel broadcast windows of `attachment` when `usable` (see
+/// `Comm::kernel_windows`); a free function so that it borrows only the
+/// attachment, not the whole communicator.
+fn windows_if(attachment: Option<&Attachment>, usable: bool) -> Option<&Windows> {
+    attachment.filter(|_| usable).and_then(|a| a.windows())
 }
 
 /// Where the bytes of a `BCAST_DATA` are.
@@ -962,12 +970,14 @@ impl Comm {
     /// This communicator's kernel broadcast windows, when it runs the
     /// kernel datapath and got a control block.
     pub(crate) fn kernel_windows(&self) -> Option<&Windows> {
-        // Sequence number 0 (after 2^32 broadcasts) would match a slot tag
-        // never written: that broadcast runs in user space.
-        if self.datapath() != Datapath::Kernel || self.bcast.seq == 0 {
-            return None;
-        }
-        self.attachment().and_then(|a| a.windows())
+        windows_if(self.attachment.as_ref(), self.kernel_usable())
+    }
+
+    /// Whether the current broadcast runs on the kernel datapath's windows.
+    /// Sequence number 0 (after 2^32 broadcasts) would match a slot tag
+    /// never written: that broadcast runs in user space.
+    fn kernel_usable(&self) -> bool {
+        self.datapath() == Datapath::Kernel && self.bcast.seq != 0
     }
 
     /// Whether TC egress can fan out to every other rank: each is on this
@@ -983,10 +993,8 @@ impl Comm {
     /// send window: each receiver that holds a chunk it is still waiting
     /// for. Returns whether that was news.
     fn mirror_kernel_acks(&mut self, call: &Call) -> bool {
-        if self.datapath() != Datapath::Kernel {
-            return false;
-        }
-        let Some(windows) = self.attachment.as_ref().and_then(|a| a.windows()) else { return false };
+        // Borrows only the attachment, so the window state can be updated.
+        let Some(windows) = windows_if(self.attachment.as_ref(), self.kernel_usable()) else { return false };
         let now = Instant::now();
         let mut news = false;
         let window = &mut self.bcast.window;
@@ -1013,7 +1021,7 @@ impl Comm {
     /// the last look, and gives the window room beyond it. Returns whether
     /// anything new was placed.
     fn drain_kernel_window(&mut self, buf: &mut [u8], call: &Call) -> bool {
-        let Some(windows) = self.attachment.as_ref().and_then(|a| a.windows()) else { return false };
+        let Some(windows) = windows_if(self.attachment.as_ref(), self.kernel_usable()) else { return false };
         let state = &mut self.bcast;
         let mut placed_any = false;
         let end = call.nchunks.min(state.low + RX_SLOTS as usize);

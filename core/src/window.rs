@@ -291,22 +291,36 @@ impl Windows {
         self.ctl_field(std::mem::offset_of!(Ctl, tx_seq)).store(0, std::sync::atomic::Ordering::Release);
     }
 
+    /// The tag of chunk `chunk`'s send slot, for atomic access.
+    fn tx_tag(&self, chunk: u32) -> &AtomicU64 {
+        // SAFETY: the first (8-aligned) field of a slot in the mapping.
+        unsafe { &*(std::ptr::addr_of!((*self.tx_slot(chunk)).tag) as *const AtomicU64) }
+    }
+
+    /// Word `word` of the receiver bits of chunk `chunk`'s send slot.
+    fn tx_bits(&self, chunk: u32, word: usize) -> &AtomicU64 {
+        // SAFETY: an 8-aligned field of a slot in the mapping (the index is
+        // checked by the array access).
+        unsafe { &*(std::ptr::addr_of!((*self.tx_slot(chunk)).bits[word]) as *const AtomicU64) }
+    }
+
+    /// How many receivers hold chunk `chunk` (its send slot's count).
+    fn tx_count(&self, chunk: u32) -> &AtomicU32 {
+        // SAFETY: a 4-aligned field of a slot in the mapping.
+        unsafe { &*(std::ptr::addr_of!((*self.tx_slot(chunk)).count) as *const AtomicU32) }
+    }
+
     /// Readies the send slot of chunk `chunk` of `seq` before it is sent:
-    /// no receiver holds it yet.
+    /// no receiver holds it yet. XDP only touches a slot whose tag matches
+    /// an ACK, and the tag is written last.
     pub fn prepare_tx(&self, seq: u32, chunk: u32) {
         use std::sync::atomic::Ordering::{Relaxed, Release};
-        let slot = self.tx_slot(chunk);
-        // SAFETY: fields of our own slot; XDP only touches a slot whose tag
-        // matches an ACK, and the tag is written last.
-        unsafe {
-            let atomic_u64 = |p: *mut u64| &*(p as *const AtomicU64);
-            atomic_u64(std::ptr::addr_of_mut!((*slot).tag)).store(0, Release);
-            for word in 0..crate::wire::MAX_RANKS / 64 {
-                atomic_u64(std::ptr::addr_of_mut!((*slot).bits[word])).store(0, Relaxed);
-            }
-            (*(std::ptr::addr_of_mut!((*slot).count) as *const AtomicU32)).store(0, Relaxed);
-            atomic_u64(std::ptr::addr_of_mut!((*slot).tag)).store(tag(seq, chunk), Release);
+        self.tx_tag(chunk).store(0, Release);
+        for word in 0..crate::wire::MAX_RANKS / 64 {
+            self.tx_bits(chunk, word).store(0, Relaxed);
         }
+        self.tx_count(chunk).store(0, Relaxed);
+        self.tx_tag(chunk).store(tag(seq, chunk), Release);
     }
 
     /// Records that `rank` holds chunk `chunk` of `seq` (an ACK that
@@ -315,51 +329,28 @@ impl Windows {
     /// program's does.
     pub fn fold_tx(&self, seq: u32, chunk: u32, rank: usize, receivers: u32) -> bool {
         use std::sync::atomic::Ordering::AcqRel;
-        let slot = self.tx_slot(chunk);
-        // SAFETY: atomics on fields of our own slot, which XDP updates the
-        // same way.
-        unsafe {
-            let tag_now = (*(std::ptr::addr_of!((*slot).tag) as *const AtomicU64)).load(std::sync::atomic::Ordering::Acquire);
-            if tag_now != tag(seq, chunk) {
-                return false;
-            }
-            let word = &*(std::ptr::addr_of!((*slot).bits[rank / 64]) as *const AtomicU64);
-            let bit = 1u64 << (rank % 64);
-            if word.fetch_or(bit, AcqRel) & bit != 0 {
-                return false;
-            }
-            let count = &*(std::ptr::addr_of!((*slot).count) as *const AtomicU32);
-            if count.fetch_add(1, AcqRel) + 1 != receivers {
-                return false;
-            }
+        if !self.tx_tracks(seq, chunk) {
+            return false;
+        }
+        let bit = 1u64 << (rank % 64);
+        if self.tx_bits(chunk, rank / 64).fetch_or(bit, AcqRel) & bit != 0 {
+            return false;
+        }
+        if self.tx_count(chunk).fetch_add(1, AcqRel) + 1 != receivers {
+            return false;
         }
         self.ctl_field(std::mem::offset_of!(Ctl, tx_done)).fetch_add(1, AcqRel);
         true
     }
 
-    /// Whether every receiver holds chunk `chunk` of `seq`.
-    pub fn tx_held_by_all(&self, seq: u32, chunk: u32, receivers: u32) -> bool {
-        let slot = self.tx_slot(chunk);
-        // SAFETY: atomic reads of our own slot.
-        unsafe {
-            (*(std::ptr::addr_of!((*slot).tag) as *const AtomicU64)).load(std::sync::atomic::Ordering::Acquire) == tag(seq, chunk)
-                && (*(std::ptr::addr_of!((*slot).count) as *const AtomicU32)).load(std::sync::atomic::Ordering::Acquire) >= receivers
-        }
-    }
-
     /// Whether chunk `chunk`'s send slot tracks chunk `chunk` of `seq`.
     pub fn tx_tracks(&self, seq: u32, chunk: u32) -> bool {
-        let slot = self.tx_slot(chunk);
-        // SAFETY: an atomic read of our own slot.
-        unsafe { (*(std::ptr::addr_of!((*slot).tag) as *const AtomicU64)).load(std::sync::atomic::Ordering::Acquire) == tag(seq, chunk) }
+        self.tx_tag(chunk).load(std::sync::atomic::Ordering::Acquire) == tag(seq, chunk)
     }
 
     /// Whether `rank` holds chunk `chunk` (of the `seq` its slot tracks).
     pub fn tx_rank_holds(&self, chunk: u32, rank: usize) -> bool {
-        let slot = self.tx_slot(chunk);
-        // SAFETY: an atomic read of our own slot.
-        let word = unsafe { (*(std::ptr::addr_of!((*slot).bits[rank / 64]) as *const AtomicU64)).load(std::sync::atomic::Ordering::Acquire) };
-        word & (1u64 << (rank % 64)) != 0
+        self.tx_bits(chunk, rank / 64).load(std::sync::atomic::Ordering::Acquire) & (1u64 << (rank % 64)) != 0
     }
 
     /// Clears this communicator's control block and the tags of its slots,
