@@ -256,17 +256,14 @@ pub(crate) struct SharedMaps {
     txwin: MapData,
 }
 
-fn open_pinned(dir: &Path, name: &str) -> Result<Map> {
-    let path = dir.join(name);
-    let data = MapData::from_pin(&path)
-        .map_err(|e| Error::system(format!("opening pinned map {}", path.display()), io::Error::other(chain(&e))))?;
-    Map::from_map_data(data).map_err(|e| Error::Internal(format!("pinned map {name}: {e}")))
-}
-
 fn open_pinned_data(dir: &Path, name: &str) -> Result<MapData> {
     let path = dir.join(name);
     MapData::from_pin(&path)
         .map_err(|e| Error::system(format!("opening pinned map {}", path.display()), io::Error::other(chain(&e))))
+}
+
+fn open_pinned(dir: &Path, name: &str) -> Result<Map> {
+    Map::from_map_data(open_pinned_data(dir, name)?).map_err(|e| Error::Internal(format!("pinned map {name}: {e}")))
 }
 
 fn map_error(what: impl Into<String>) -> impl FnOnce(aya::maps::MapError) -> Error {
