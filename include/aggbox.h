@@ -430,6 +430,17 @@ typedef struct aggbox_stats {
    * buffer.
    */
   uint64_t bcast_from_kernel;
+  /**
+   * Broadcast chunks that reached the socket (repeats included). On the
+   * kernel datapath XDP places chunks in the mapped window instead, so
+   * there this counts only what XDP left to user space.
+   */
+  uint64_t bcast_chunks_received;
+  /**
+   * System calls the communicator made on its socket (sends, receives,
+   * polls).
+   */
+  uint64_t syscalls;
 } aggbox_stats;
 
 #ifdef __cplusplus

@@ -259,42 +259,68 @@ fn wakeups() -> u64 {
         .unwrap_or(0)
 }
 
-/// One rank of `bench broadcast` (the hidden `rank-bcast` command).
+/// CLOCK_MONOTONIC in ns: one clock for every namespace of a virtual
+/// cluster, so a root's start and the receivers' ends can be compared.
+fn monotonic_ns() -> u64 {
+    let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
+    // SAFETY: clock_gettime writes one timespec we own.
+    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
+    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
+}
+
+fn join<T: std::fmt::Display>(values: &[T]) -> String {
+    values.iter().map(|v| v.to_string()).collect::<Vec<_>>().join(",")
+}
+
+/// One rank of `bench broadcast` (the hidden `rank-bcast` command). Per
+/// size it prints each round's own elapsed time (µs) and the CLOCK_MONOTONIC
+/// instants (ns) at which its call started and returned.
 pub fn rank_bcast(rounds: usize, sizes: &[usize]) -> Result<(), String> {
     use aggbox_core::{dtype::Dtype, Comm};
     let mut comm = Comm::from_env().map_err(|e| e.to_string())?;
     let root = 0;
     for &size in sizes {
         let mut buf = vec![0u8; size];
-        let mut samples = Vec::new();
+        let (mut elapsed, mut starts, mut ends) = (Vec::new(), Vec::new(), Vec::new());
         for round in 0..rounds_for(size, rounds) {
             if comm.rank() == root {
                 buf.iter_mut().zip(pattern(size, round)).for_each(|(b, v)| *b = v);
             }
             comm.barrier().map_err(|e| e.to_string())?;
-            let start = std::time::Instant::now();
+            let start = monotonic_ns();
             comm.broadcast(&mut buf, Dtype::U8, root).map_err(|e| e.to_string())?;
-            samples.push(start.elapsed().as_secs_f64() * 1e6);
+            let end = monotonic_ns();
+            elapsed.push(format!("{:.1}", (end - start) as f64 / 1e3));
+            starts.push(start);
+            ends.push(end);
             if comm.rank() != root && !buf.iter().copied().eq(pattern(size, round)) {
                 return Err(format!("rank {}: broadcast of {size} bytes, round {round}: wrong data", comm.rank()));
             }
         }
-        let text: Vec<String> = samples.iter().map(|us| format!("{us:.1}")).collect();
-        println!("bcast rank={} size={size} samples={}", comm.rank(), text.join(","));
+        println!(
+            "bcast rank={} size={size} elapsed={} starts={} ends={}",
+            comm.rank(),
+            join(&elapsed),
+            join(&starts),
+            join(&ends)
+        );
     }
-    // Wake-ups per broadcast of 1 KiB, back to back (no barriers between).
+    // Wake-ups and system calls per broadcast of 1 KiB, back to back (no
+    // barriers between).
     let mut buf = vec![0u8; 1024];
     comm.barrier().map_err(|e| e.to_string())?;
     let ops = 200;
     let before = wakeups();
+    let syscalls_before = comm.stats().map_err(|e| e.to_string())?.user.syscalls;
     for _ in 0..ops {
         comm.broadcast(&mut buf, Dtype::U8, root).map_err(|e| e.to_string())?;
     }
     let per_op = (wakeups() - before) as f64 / ops as f64;
     let stats = comm.stats().map_err(|e| e.to_string())?;
     println!(
-        "wakeups rank={} size=1024 per_op={per_op:.2} datapath={} group_acks={} landed={}",
+        "wakeups rank={} size=1024 per_op={per_op:.2} syscalls_per_op={:.2} datapath={} group_acks={} landed={}",
         comm.rank(),
+        (stats.user.syscalls - syscalls_before) as f64 / ops as f64,
         comm.datapath().name(),
         stats.user.bcast_group_acks,
         stats.user.bcast_landed
@@ -309,11 +335,34 @@ fn percentile(sorted: &[f64], p: f64) -> f64 {
     sorted[((sorted.len() - 1) as f64 * p).round() as usize]
 }
 
-/// Per size: (root's p50, p99; last receiver's p50, p99) in µs, each round's
-/// time the slowest receiver's.
-type Latencies = Vec<(usize, f64, f64, f64, f64)>;
+/// p50 and p99 of `values`.
+fn p50_p99(mut values: Vec<f64>) -> (f64, f64) {
+    values.sort_by(|a, b| a.total_cmp(b));
+    (percentile(&values, 0.5), percentile(&values, 0.99))
+}
 
-fn bcast_run(cluster: &Cluster, datapath: &str, sizes: &[usize], rounds: usize, port: u16) -> Result<(Latencies, f64), String> {
+/// The latencies of one size on one datapath, each a (p50, p99) in µs.
+struct Latency {
+    size: usize,
+    /// The root's call: until it holds every receiver's acknowledgment.
+    root: (f64, f64),
+    /// From the root's start to the last receiver's return, on one clock.
+    span: (f64, f64),
+    /// The slowest rank's own elapsed time from leaving the barrier (how
+    /// bench/mpi measures Open MPI by default).
+    slowest: (f64, f64),
+}
+
+/// What one datapath's run measured.
+struct BcastRun {
+    latencies: Vec<Latency>,
+    /// Worst receiver's wake-ups per 1 KiB broadcast.
+    wakeups: f64,
+    /// System calls per 1 KiB broadcast: the root's, the worst receiver's.
+    syscalls: (f64, f64),
+}
+
+fn bcast_run(cluster: &Cluster, datapath: &str, sizes: &[usize], rounds: usize, port: u16) -> Result<BcastRun, String> {
     let exe = std::env::current_exe().map_err(|e| e.to_string())?;
     let n = cluster.hosts().len();
     let size_args: Vec<String> = sizes.iter().map(|s| s.to_string()).collect();
@@ -342,30 +391,35 @@ fn bcast_run(cluster: &Cluster, datapath: &str, sizes: &[usize], rounds: usize, 
         }
         outputs.push(String::from_utf8_lossy(&out.stdout).to_string());
     }
-    let samples_of = |rank: usize, size: usize| -> Vec<f64> {
+    let series = |rank: usize, size: usize, key: &str| -> Vec<f64> {
         outputs[rank]
             .lines()
             .find(|l| l.starts_with("bcast ") && l.contains(&format!(" size={size} ")))
-            .and_then(|l| l.split("samples=").nth(1))
+            .and_then(|l| l.split_whitespace().find_map(|w| w.strip_prefix(key)?.strip_prefix('=')))
             .map(|s| s.split(',').filter_map(|v| v.parse().ok()).collect())
             .unwrap_or_default()
     };
     let mut latencies = Vec::new();
     for &size in sizes {
-        let mut root = samples_of(0, size);
-        let receivers: Vec<Vec<f64>> = (1..n).map(|r| samples_of(r, size)).collect();
-        let mut last: Vec<f64> =
-            (0..root.len()).map(|i| receivers.iter().map(|s| s.get(i).copied().unwrap_or(f64::NAN)).fold(0.0, f64::max)).collect();
-        root.sort_by(|a, b| a.total_cmp(b));
-        last.sort_by(|a, b| a.total_cmp(b));
-        latencies.push((size, percentile(&root, 0.5), percentile(&root, 0.99), percentile(&last, 0.5), percentile(&last, 0.99)));
+        let root = series(0, size, "elapsed");
+        let starts = series(0, size, "starts");
+        let elapsed: Vec<Vec<f64>> = (0..n).map(|r| series(r, size, "elapsed")).collect();
+        let ends: Vec<Vec<f64>> = (1..n).map(|r| series(r, size, "ends")).collect();
+        let rounds = root.len();
+        let span = (0..rounds)
+            .map(|i| (ends.iter().map(|e| e.get(i).copied().unwrap_or(f64::NAN)).fold(0.0, f64::max) - starts[i]) / 1e3)
+            .collect();
+        let slowest = (0..rounds).map(|i| elapsed.iter().map(|e| e.get(i).copied().unwrap_or(f64::NAN)).fold(0.0, f64::max)).collect();
+        latencies.push(Latency { size, root: p50_p99(root), span: p50_p99(span), slowest: p50_p99(slowest) });
     }
-    let wakeups: Vec<f64> = outputs[1..]
-        .iter()
-        .filter_map(|o| o.lines().find(|l| l.starts_with("wakeups ")).map(|l| field(l, "per_op")))
-        .collect();
-    let max_wakeups = wakeups.iter().copied().fold(0.0, f64::max);
-    Ok((latencies, max_wakeups))
+    let last_lines: Vec<&str> = outputs.iter().filter_map(|o| o.lines().find(|l| l.starts_with("wakeups "))).collect();
+    let worst = |key: &str, lines: &[&str]| lines.iter().map(|l| field(l, key)).fold(0.0, f64::max);
+    let receivers = last_lines.get(1..).unwrap_or_default();
+    Ok(BcastRun {
+        latencies,
+        wakeups: worst("per_op", receivers),
+        syscalls: (last_lines.first().map_or(f64::NAN, |l| field(l, "syscalls_per_op")), worst("syscalls_per_op", receivers)),
+    })
 }
 
 /// p50 round trip of a UDP ping-pong between hosts 0 and 1, blocking
@@ -401,22 +455,25 @@ fn udp_floor(cluster: &Cluster) -> Result<f64, String> {
     Ok(percentile(&samples, 0.5))
 }
 
-/// Open MPI's MPI_Bcast on the same cluster (bench/mpi/run.sh), when
-/// mpirun is installed: (bytes, p50, p99) per size.
-fn mpi_bcast(cluster: &Cluster, sizes: &[usize]) -> Option<Vec<(usize, f64, f64)>> {
+/// Open MPI's MPI_Bcast on the same cluster (bench/mpi/run.sh with `-s`),
+/// when mpirun is installed: per size, (bytes, slowest rank's p50, p99, span
+/// p50, p99).
+fn mpi_bcast(cluster: &Cluster, sizes: &[usize]) -> Option<Vec<(usize, (f64, f64), (f64, f64))>> {
     let script = concat!(env!("CARGO_MANIFEST_DIR"), "/../bench/mpi/run.sh");
     if !std::path::Path::new(script).exists() || std::process::Command::new("sh").args(["-c", "command -v mpirun"]).output().ok()?.stdout.is_empty() {
         return None;
     }
     let mut cmd = std::process::Command::new("bash");
-    cmd.arg(script).arg(cluster.prefix()).arg(cluster.hosts().len().to_string()).arg("--");
+    cmd.arg(script).arg(cluster.prefix()).arg(cluster.hosts().len().to_string()).args(["--", "-s"]);
     cmd.args(sizes.iter().map(|s| s.to_string()));
     let out = cmd.output().ok()?;
     let text = String::from_utf8_lossy(&out.stdout);
-    let rows: Vec<(usize, f64, f64)> = text
+    let rows: Vec<_> = text
         .lines()
         .filter(|l| l.starts_with("mpi op=bcast"))
-        .map(|l| (field(l, "bytes") as usize, field(l, "p50_us"), field(l, "p99_us")))
+        .map(|l| {
+            (field(l, "bytes") as usize, (field(l, "p50_us"), field(l, "p99_us")), (field(l, "span_p50_us"), field(l, "span_p99_us")))
+        })
         .collect();
     (!rows.is_empty()).then_some(rows)
 }
@@ -433,46 +490,60 @@ fn human(size: usize) -> String {
 pub fn broadcast(hosts: usize, mtu: u32, rounds: usize, with_mpi: bool) -> Result<(), String> {
     let sizes = [64, 1024, 64 << 10, 1 << 20, 64 << 20];
     let cluster = Cluster::temporary_with_mtu(hosts, mtu).map_err(|e| e.to_string())?;
-    println!("broadcast on {hosts} hosts, MTU {mtu} (chunk {} B), root 0; times in µs, each round the slowest receiver's", aggbox_core::wire::chunk_size(mtu));
-    let (kernel, kernel_wakeups) = bcast_run(&cluster, "kernel", &sizes, rounds, 29_500)?;
-    let (user, user_wakeups) = bcast_run(&cluster, "user", &sizes, rounds, 29_501)?;
+    println!(
+        "broadcast on {hosts} hosts, MTU {mtu} (chunk {} B), root 0, p50 in µs. root: the root's call (until every receiver holds the data); \
+         span: from the root's start to the last receiver's return (one clock); slowest: the slowest rank's own time after the barrier (bench/mpi's default)",
+        aggbox_core::wire::chunk_size(mtu)
+    );
+    let kernel = bcast_run(&cluster, "kernel", &sizes, rounds, 29_500)?;
+    let user = bcast_run(&cluster, "user", &sizes, rounds, 29_501)?;
     let mpi = if with_mpi { mpi_bcast(&cluster, &sizes) } else { None };
     let floor = udp_floor(&cluster)?;
-    println!("{:>8} | {:>22} | {:>22} | {:>14} | {:>12} {:>12}", "size", "kernel root/last p50", "user root/last p50", "Open MPI p50", "kernel/user", "kernel/MPI");
-    for (k, u) in kernel.iter().zip(&user) {
-        let m = mpi.as_ref().and_then(|rows| rows.iter().find(|r| r.0 == k.0));
+    println!(
+        "{:>8} | {:>26} | {:>26} | {:>18} | {:>11} {:>11} {:>11}",
+        "size", "kernel root/span/slowest", "user root/span/slowest", "Open MPI span/slow", "kernel/user", "kernel/MPI", "k/MPI slow"
+    );
+    let mpi_row = |size: usize| mpi.as_ref().and_then(|rows| rows.iter().find(|r| r.0 == size));
+    for (k, u) in kernel.latencies.iter().zip(&user.latencies) {
+        let m = mpi_row(k.size);
         println!(
-            "{:>8} | {:>10.1} / {:>9.1} | {:>10.1} / {:>9.1} | {:>14} | {:>12.3} {:>12}",
-            human(k.0),
-            k.1,
-            k.3,
-            u.1,
-            u.3,
-            m.map_or("-".into(), |m| format!("{:.1}", m.1)),
-            k.3 / u.3,
-            m.map_or("-".into(), |m| format!("{:.3}", k.3 / m.1)),
+            "{:>8} | {:>8.1} {:>8.1} {:>8.1} | {:>8.1} {:>8.1} {:>8.1} | {:>18} | {:>11.3} {:>11} {:>11}",
+            human(k.size),
+            k.root.0,
+            k.span.0,
+            k.slowest.0,
+            u.root.0,
+            u.span.0,
+            u.slowest.0,
+            m.map_or("-".into(), |m| format!("{:.1} {:.1}", m.2 .0, m.1 .0)),
+            k.span.0 / u.span.0,
+            m.map_or("-".into(), |m| format!("{:.3}", k.span.0 / m.2 .0)),
+            m.map_or("-".into(), |m| format!("{:.3}", k.slowest.0 / m.1 .0)),
         );
     }
-    for (label, rows) in [("kernel", &kernel), ("user", &user)] {
-        let p99: Vec<String> = rows.iter().map(|r| format!("{} {:.1}", human(r.0), r.4)).collect();
-        println!("{label} p99 (last receiver): {}", p99.join(", "));
+    println!("ratios: kernel/user and kernel/MPI compare spans; k/MPI slow compares the slowest rank's own times");
+    for (label, run) in [("kernel", &kernel), ("user", &user)] {
+        let p99: Vec<String> = run.latencies.iter().map(|r| format!("{} {:.1}/{:.1}", human(r.size), r.root.1, r.span.1)).collect();
+        println!("{label} p99 root/span: {}", p99.join(", "));
     }
     if let Some(rows) = &mpi {
-        let p99: Vec<String> = rows.iter().map(|r| format!("{} {:.1}", human(r.0), r.2)).collect();
-        println!("Open MPI p99: {}", p99.join(", "));
+        let p99: Vec<String> = rows.iter().map(|r| format!("{} {:.1}/{:.1}", human(r.0), r.2 .1, r.1 .1)).collect();
+        println!("Open MPI p99 span/slowest: {}", p99.join(", "));
     } else if with_mpi {
         println!("Open MPI: not measured (run scripts/mpi-setup.sh to install it)");
     }
     let big = *sizes.last().unwrap();
     let throughput = |us: f64| big as f64 / us; // bytes per µs = MB/s
-    let (k64, u64_) = (kernel.last().unwrap().3, user.last().unwrap().3);
     println!(
-        "64 MiB throughput: kernel {:.0} MB/s, user {:.0} MB/s{}",
-        throughput(k64),
-        throughput(u64_),
-        mpi.as_ref().and_then(|r| r.iter().find(|x| x.0 == big)).map_or(String::new(), |m| format!(", Open MPI {:.0} MB/s", throughput(m.1)))
+        "64 MiB throughput (span): kernel {:.0} MB/s, user {:.0} MB/s{}",
+        throughput(kernel.latencies.last().unwrap().span.0),
+        throughput(user.latencies.last().unwrap().span.0),
+        mpi_row(big).map_or(String::new(), |m| format!(", Open MPI {:.0} MB/s", throughput(m.2 .0)))
     );
     println!("UDP ping-pong between two hosts (blocking receives): p50 {floor:.1} µs round trip");
-    println!("wake-ups per 1 KiB broadcast, worst receiver: kernel {kernel_wakeups:.2}, user {user_wakeups:.2}");
+    println!(
+        "per 1 KiB broadcast, back to back: wake-ups of the worst receiver: kernel {:.2}, user {:.2}; socket syscalls root/worst receiver: kernel {:.1}/{:.1}, user {:.1}/{:.1}",
+        kernel.wakeups, user.wakeups, kernel.syscalls.0, kernel.syscalls.1, user.syscalls.0, user.syscalls.1
+    );
     Ok(())
 }

@@ -733,6 +733,9 @@ impl Comm {
             if self.bcast.window.base == call.nchunks {
                 return Ok(());
             }
+            if self.kernel_acks_complete(call) {
+                continue;
+            }
             if let Some(got) = self.recv_valid(backoff.due())? {
                 if self.root_on(&got, call)? {
                     backoff = Backoff::new();
@@ -987,6 +990,21 @@ impl Comm {
     fn fanout_reaches_all(&self) -> bool {
         let me = self.iface().ipv4;
         self.peers().iter().filter(|p| p.rank != self.rank()).all(|p| p.ipv4 != me && self.iface().reaches(p.ipv4))
+    }
+
+    /// Everything is sent and the kernel folds the ACKs: look at the send
+    /// window before sleeping on the socket. The fan-out, the placements
+    /// and the folding of a small broadcast all run inside the root's send
+    /// call (veth delivers in the sender's softirq), so the broadcast is
+    /// usually complete by now. Returns whether every chunk is held by every
+    /// receiver.
+    fn kernel_acks_complete(&mut self, call: &Call) -> bool {
+        let window = &self.bcast.window;
+        if window.next != call.nchunks || self.rx_pending() {
+            return false;
+        }
+        let Some(windows) = windows_if(self.attachment.as_ref(), self.kernel_usable()) else { return false };
+        windows.tx_done() as usize >= call.nchunks && self.mirror_kernel_acks(call) && self.bcast.window.base == call.nchunks
     }
 
     /// Copies into the root's view what the XDP program folded into the

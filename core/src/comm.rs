@@ -261,7 +261,8 @@ impl Comm {
             Some(attachment) => attachment.kernel_stats()?,
             None => KernelStats::default(),
         };
-        Ok(Stats { datapath: self.datapath, user: self.user_stats, kernel })
+        let user = UserStats { syscalls: self.transport.syscalls(), ..self.user_stats };
+        Ok(Stats { datapath: self.datapath, user, kernel })
     }
 
     /// A header of this group from this rank.
@@ -351,6 +352,9 @@ impl Comm {
         if !member {
             self.user_stats.dropped_foreign += 1;
             return None;
+        }
+        if kind == Kind::BcastData {
+            self.user_stats.bcast_chunks_received += 1;
         }
         Some(Received { header, kind, slot })
     }

@@ -40,6 +40,14 @@ pub struct UserStats {
     /// Times a kernel receiver copied chunks the kernel placed into its
     /// buffer.
     pub bcast_from_kernel: u64,
+    /// `BCAST_DATA` datagrams that reached the socket (repeats included).
+    /// On the kernel datapath XDP places chunks in the mapped window
+    /// instead, so there this counts only what XDP left to user space.
+    pub bcast_chunks_received: u64,
+    /// System calls the communicator made on its socket (sends, receives,
+    /// polls): divided by the operations, the benchmarks' syscalls per
+    /// operation.
+    pub syscalls: u64,
 }
 
 /// Counters of the BPF programs on the communicator's interface. They are per

@@ -13,6 +13,7 @@
 //! allocates nothing.
 
 use std::{
+    cell::Cell,
     io,
     net::{Ipv4Addr, SocketAddr, SocketAddrV4, UdpSocket},
     ops::Range,
@@ -133,6 +134,9 @@ pub struct Transport {
     local: SocketAddrV4,
     tx: Box<SendBatch>,
     rx: Box<RecvBatch>,
+    /// System calls made on the socket (sends, receives, polls), counted
+    /// for the benchmarks' syscalls-per-operation figure.
+    syscalls: Cell<u64>,
 }
 
 impl Transport {
@@ -189,7 +193,7 @@ impl Transport {
             filled: 0,
         });
         rx.point_at_slots();
-        Ok(Transport { socket, local, tx, rx })
+        Ok(Transport { socket, local, tx, rx, syscalls: Cell::new(0) })
     }
 
     /// The bound address.
@@ -197,11 +201,21 @@ impl Transport {
         self.local
     }
 
+    /// System calls made on the socket so far.
+    pub fn syscalls(&self) -> u64 {
+        self.syscalls.get()
+    }
+
+    fn count_syscall(&self) {
+        self.syscalls.set(self.syscalls.get() + 1);
+    }
+
     /// Sends one datagram. While the socket buffer is full it waits for
     /// room, for [`SEND_STALL`] at most; other errors are returned.
     pub fn send(&self, datagram: &[u8], to: SocketAddrV4) -> Result<()> {
         let mut stalled_since: Option<Instant> = None;
         loop {
+            self.count_syscall();
             match self.socket.send_to(datagram, to) {
                 Ok(_) => return Ok(()),
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
@@ -221,6 +235,7 @@ impl Transport {
     /// Returns its length and sender, or `None` when the deadline passed.
     pub fn recv(&self, buf: &mut [u8], deadline: Instant) -> Result<Option<(usize, SocketAddrV4)>> {
         loop {
+            self.count_syscall();
             match self.socket.recv_from(buf) {
                 Ok((len, SocketAddr::V4(from))) => return Ok(Some((len, from))),
                 Ok((_, SocketAddr::V6(_))) => continue,
@@ -280,6 +295,7 @@ impl Transport {
         let mut sent = 0;
         let mut stalled_since: Option<Instant> = None;
         while sent < count {
+            self.count_syscall();
             // SAFETY: `msgs[sent..count]` were just made to point at live
             // headers, addresses and `source` (prepare_send).
             let rc = unsafe {
@@ -345,6 +361,7 @@ impl Transport {
         self.prepare_recv();
         self.rx.filled = 0;
         loop {
+            self.count_syscall();
             // SAFETY: `msgs` point at BATCH slots of RECV_SLOT bytes and
             // BATCH addresses, all owned by `self.rx` (point_at_slots).
             let rc = unsafe {
@@ -409,6 +426,7 @@ impl Transport {
     /// Polls the socket for `events`; returns whether it is ready.
     fn poll(&self, events: libc::c_short, timeout_ms: i32) -> Result<bool> {
         let mut fd = libc::pollfd { fd: self.socket.as_raw_fd(), events, revents: 0 };
+        self.count_syscall();
         // SAFETY: one valid pollfd.
         let rc = unsafe { libc::poll(&mut fd, 1, timeout_ms) };
         if rc < 0 {

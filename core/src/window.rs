@@ -286,6 +286,11 @@ impl Windows {
         field(std::mem::offset_of!(Ctl, tx_seq)).store(seq, Release);
     }
 
+    /// Chunks of the armed broadcast that every receiver holds (XDP counts).
+    pub fn tx_done(&self) -> u32 {
+        self.ctl_field(std::mem::offset_of!(Ctl, tx_done)).load(std::sync::atomic::Ordering::Acquire)
+    }
+
     /// Stops folding.
     pub fn disarm_tx(&self) {
         self.ctl_field(std::mem::offset_of!(Ctl, tx_seq)).store(0, std::sync::atomic::Ordering::Release);

@@ -138,6 +138,13 @@ pub struct aggbox_stats {
     /// Times a kernel receiver copied chunks the kernel placed into its
     /// buffer.
     pub bcast_from_kernel: u64,
+    /// Broadcast chunks that reached the socket (repeats included). On the
+    /// kernel datapath XDP places chunks in the mapped window instead, so
+    /// there this counts only what XDP left to user space.
+    pub bcast_chunks_received: u64,
+    /// System calls the communicator made on its socket (sends, receives,
+    /// polls).
+    pub syscalls: u64,
 }
 
 /// The smallest `size` accepted: up to and including `datapath`.
@@ -162,6 +169,8 @@ impl aggbox_stats {
             bcast_group_acks,
             bcast_landed,
             bcast_from_kernel,
+            bcast_chunks_received,
+            syscalls,
         } = stats.user;
         aggbox_stats {
             size,
@@ -180,6 +189,8 @@ impl aggbox_stats {
             bcast_group_acks,
             bcast_landed,
             bcast_from_kernel,
+            bcast_chunks_received,
+            syscalls,
         }
     }
 
@@ -216,7 +227,9 @@ impl aggbox_stats {
             bcast_acks_received,
             bcast_group_acks,
             bcast_landed,
-            bcast_from_kernel
+            bcast_from_kernel,
+            bcast_chunks_received,
+            syscalls
         );
     }
 }

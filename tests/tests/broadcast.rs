@@ -198,6 +198,8 @@ fn assert_kernel_work(reports: &[HashMap<String, String>], cases: &[String], dat
             total(reports, "k_group_acks"),
             total(reports, "k_to_user"),
         );
+        let received: Vec<u64> = reports.iter().map(|r| number(r, "chunks_received")).collect();
+        eprintln!("chunks that reached the ranks' sockets: {received:?}");
     }
 }
 

@@ -144,7 +144,7 @@ fn report(comm: &Comm) {
     let kernel: Vec<String> =
         aggbox_core::maps::BSTAT_NAMES.iter().zip(kernel).map(|(name, value)| format!("k_{name}={value}")).collect();
     println!(
-        "report rank={} size={} datapath={} chunk={} broadcasts={} retransmits={} duplicates={} chunks_sent={} acks_received={} sent={} received={} xdp_accepted={} group_acks={} landed={} windowed={} {}",
+        "report rank={} size={} datapath={} chunk={} broadcasts={} retransmits={} duplicates={} chunks_sent={} acks_received={} sent={} received={} xdp_accepted={} group_acks={} landed={} chunks_received={} windowed={} {}",
         comm.rank(),
         comm.size(),
         comm.datapath().name(),
@@ -159,6 +159,7 @@ fn report(comm: &Comm) {
         stats.kernel.get(Prog::XdpIngress, "accepted"),
         user.bcast_group_acks,
         user.bcast_landed,
+        user.bcast_chunks_received,
         comm.attachment().is_some_and(|a| a.windows().is_some()) as u8,
         kernel.join(" "),
     );
