@@ -195,20 +195,21 @@ static __always_inline int aggbox_tc_answer_landed(struct __sk_buff *skb, struct
 	struct aggbox_ctl *ctl;
 	struct aggbox_hdr *hdr = pkt->hdr;
 	__u32 ctl_idx = pkt->ctl;
-	__u16 root = hdr->sender, flags = hdr->flags;
+	__u16 root = hdr->sender, flags = hdr->flags, rank;
 
 	if (pkt->ip->ihl != 5 || (flags & AGGBOX_FLAG_ANSWERED))
 		return TC_ACT_OK;
 	ctl = bpf_map_lookup_elem(&ab_ctl, &ctl_idx);
 	if (!ctl)
 		return TC_ACT_OK;
+	rank = ctl->rx[hdr->seq & (AGGBOX_RX_PHASES - 1)].rank;
 	if (aggbox_tc_swap(skb))
 		return TC_ACT_OK;
 	hdr = aggbox_tc_hdr(skb);
 	if (!hdr)
 		return TC_ACT_OK;
 	hdr->kind = AGGBOX_KIND_BCAST_ACK;
-	hdr->sender = ctl->rx_rank;
+	hdr->sender = rank;
 	hdr->flags = 0;
 	if (bpf_clone_redirect(skb, skb->ifindex, 0) == 0) {
 		aggbox_bcount(AGGBOX_BSTAT_ACKS_SENT);
@@ -294,19 +295,19 @@ static __always_inline __u32 aggbox_dtype_size(__u8 code)
  * user space (another CPU is setting them, or the header is not a layout
  * of the group's chunk size).
  */
-static __always_inline int aggbox_claim(struct aggbox_ctl *ctl, struct aggbox_hdr *hdr)
+static __always_inline int aggbox_claim(struct aggbox_rxctl *rx, struct aggbox_hdr *hdr)
 {
-	__u64 bytes, chunk = ctl->rx_chunk_bytes, last;
+	__u64 bytes, chunk = rx->chunk_bytes, last;
 	__u32 size = aggbox_dtype_size(hdr->dtype), nchunks;
 
-	if (ctl->rx_claim == AGGBOX_CLAIM_SET)
+	if (rx->claim == AGGBOX_CLAIM_SET)
 		return 0;
-	if (__sync_val_compare_and_swap(&ctl->rx_claim, AGGBOX_CLAIM_OPEN, AGGBOX_CLAIM_BUSY) != AGGBOX_CLAIM_OPEN)
-		return ctl->rx_claim == AGGBOX_CLAIM_SET ? 0 : -1;
-	if (ctl->rx_seq != hdr->seq) {
+	if (__sync_val_compare_and_swap(&rx->claim, AGGBOX_CLAIM_OPEN, AGGBOX_CLAIM_BUSY) != AGGBOX_CLAIM_OPEN)
+		return rx->claim == AGGBOX_CLAIM_SET ? 0 : -1;
+	if (rx->seq != hdr->seq) {
 		/* A chunk of the broadcast before, whose check raced the window
 		 * being armed ahead: it must not claim the next one. */
-		ctl->rx_claim = AGGBOX_CLAIM_OPEN;
+		rx->claim = AGGBOX_CLAIM_OPEN;
 		return -1;
 	}
 	bytes = (__u64)hdr->count * size;
@@ -315,17 +316,17 @@ static __always_inline int aggbox_claim(struct aggbox_ctl *ctl, struct aggbox_hd
 		nchunks = 1;
 	last = bytes - (__u64)(nchunks - 1) * chunk;
 	if (!size || !chunk || hdr->nchunks != nchunks || last > chunk) {
-		ctl->rx_claim = AGGBOX_CLAIM_OPEN; /* not ours to judge: user space */
+		rx->claim = AGGBOX_CLAIM_OPEN; /* not ours to judge: user space */
 		return -1;
 	}
-	ctl->rx_root = hdr->sender;
-	ctl->rx_count = hdr->count;
-	ctl->rx_dtype = hdr->dtype;
-	ctl->rx_nchunks = nchunks;
-	ctl->rx_last_bytes = last;
-	ctl->rx_target = nchunks;
-	ctl->rx_credit = nchunks < AGGBOX_RX_SLOTS ? nchunks : AGGBOX_RX_SLOTS;
-	__sync_lock_test_and_set(&ctl->rx_claim, AGGBOX_CLAIM_SET);
+	rx->root = hdr->sender;
+	rx->count = hdr->count;
+	rx->dtype = hdr->dtype;
+	rx->nchunks = nchunks;
+	rx->last_bytes = last;
+	rx->target = nchunks;
+	rx->credit = nchunks < AGGBOX_RX_WINDOW ? nchunks : AGGBOX_RX_WINDOW;
+	__sync_lock_test_and_set(&rx->claim, AGGBOX_CLAIM_SET);
 	return 0;
 }
 
@@ -333,6 +334,7 @@ static __always_inline int aggbox_xdp_bcast_data(struct xdp_md *ctx, struct aggb
 {
 	struct aggbox_hdr *hdr = pkt->hdr;
 	struct aggbox_ctl *ctl;
+	struct aggbox_rxctl *rx;
 	struct aggbox_rxslot *slot;
 	__u32 seq = hdr->seq, chunk = hdr->chunk, len, want, slot_idx, landed;
 	__u64 tag, busy, cur;
@@ -341,26 +343,28 @@ static __always_inline int aggbox_xdp_bcast_data(struct xdp_md *ctx, struct aggb
 	ctl = bpf_map_lookup_elem(&ab_ctl, &ctl_idx);
 	if (!ctl || pkt->ip->ihl != 5)
 		goto to_user;
+	rx = &ctl->rx[seq & (AGGBOX_RX_PHASES - 1)];
 	len = bpf_ntohs(pkt->udp->len) - sizeof(struct udphdr) - sizeof(*hdr);
-	if (ctl->rx_seq != 0 && seq == ctl->rx_seq && aggbox_claim(ctl, hdr))
+	if (rx->seq != 0 && seq == rx->seq && aggbox_claim(rx, hdr))
 		goto to_user;
 	/* Only the broadcast the process armed, exactly as it called it. */
-	if (ctl->rx_seq == 0 || seq != ctl->rx_seq || hdr->sender != ctl->rx_root ||
-	    hdr->nchunks != ctl->rx_nchunks || hdr->count != ctl->rx_count || hdr->dtype != ctl->rx_dtype ||
-	    chunk >= ctl->rx_nchunks || chunk >= ctl->rx_credit)
+	if (rx->seq == 0 || seq != rx->seq || hdr->sender != rx->root ||
+	    hdr->nchunks != rx->nchunks || hdr->count != rx->count || hdr->dtype != rx->dtype ||
+	    chunk >= rx->nchunks || chunk >= rx->credit)
 		goto to_user;
 	/* Below the window: the process copied it out long ago (credit is the
 	 * first chunk it has not copied, plus the window): only ACK it again.
 	 * Placing it would overwrite the later chunk that shares its slot. */
-	if (chunk + AGGBOX_RX_SLOTS < ctl->rx_credit) {
+	if (chunk + AGGBOX_RX_WINDOW < rx->credit) {
 		aggbox_bcount(AGGBOX_BSTAT_DUPLICATES);
 		goto ack;
 	}
-	want = chunk + 1 == ctl->rx_nchunks ? ctl->rx_last_bytes : ctl->rx_chunk_bytes;
+	want = chunk + 1 == rx->nchunks ? rx->last_bytes : rx->chunk_bytes;
 	if (len != want || len > AGGBOX_CHUNK_MAX)
 		goto to_user;
 
-	slot_idx = ctl_idx * AGGBOX_RX_SLOTS + (chunk & (AGGBOX_RX_SLOTS - 1));
+	slot_idx = ctl_idx * AGGBOX_RX_SLOTS + (seq & (AGGBOX_RX_PHASES - 1)) * AGGBOX_RX_WINDOW +
+		   (chunk & (AGGBOX_RX_WINDOW - 1));
 	slot = bpf_map_lookup_elem(&ab_rxwin, &slot_idx);
 	if (!slot)
 		goto to_user;
@@ -384,16 +388,16 @@ static __always_inline int aggbox_xdp_bcast_data(struct xdp_md *ctx, struct aggb
 	/* Published: the process may copy it. */
 	if (__sync_val_compare_and_swap(&slot->tag, busy, tag) != busy)
 		goto to_user;
-	if (ctl->rx_seq != seq)
+	if (rx->seq != seq)
 		goto to_user; /* the window moved on meanwhile: do not count it */
 	aggbox_bcount(AGGBOX_BSTAT_PLACED);
-	landed = __sync_fetch_and_add(&ctl->rx_landed, 1) + 1;
-	rank = ctl->rx_rank;
+	landed = __sync_fetch_and_add(&rx->landed, 1) + 1;
+	rank = rx->rank;
 	/* The one notice at completion (the process may have placed some chunks
 	 * itself, so "complete" is reaching its target), and one per half
 	 * window on the way. */
-	if ((landed >= ctl->rx_target && __sync_val_compare_and_swap(&ctl->rx_notified, 0, 1) == 0) ||
-	    (ctl->rx_notify && landed % ctl->rx_notify == 0)) {
+	if ((landed >= rx->target && __sync_val_compare_and_swap(&rx->notified, 0, 1) == 0) ||
+	    (rx->notify && landed % rx->notify == 0)) {
 		hdr = aggbox_xdp_strip(ctx, len);
 		if (!hdr)
 			return XDP_DROP;
@@ -409,7 +413,7 @@ static __always_inline int aggbox_xdp_bcast_data(struct xdp_md *ctx, struct aggb
 	goto reply;
 
 ack:
-	rank = ctl->rx_rank;
+	rank = rx->rank;
 	len = bpf_ntohs(pkt->udp->len) - sizeof(struct udphdr) - sizeof(*hdr);
 reply:
 	hdr = aggbox_xdp_strip(ctx, len);

@@ -42,7 +42,9 @@ struct aggbox_port {
  */
 #define AGGBOX_NO_CTL 0xffffffffu
 #define AGGBOX_CTL_SLOTS 8
-#define AGGBOX_RX_SLOTS 1024 /* receive window of one communicator, in chunks (power of 2) */
+#define AGGBOX_RX_SLOTS 1024 /* receive windows of one communicator, in chunks (power of 2) */
+#define AGGBOX_RX_PHASES 2 /* broadcasts in flight at a receiver: rx[seq % 2] */
+#define AGGBOX_RX_WINDOW (AGGBOX_RX_SLOTS / AGGBOX_RX_PHASES) /* one broadcast's window, in chunks */
 #define AGGBOX_TX_SLOTS 512 /* send window of one communicator, in chunks (power of 2) */
 #define AGGBOX_RANK_WORDS (AGGBOX_MAX_RANKS / 64)
 /* A slot tag is (seq << 32 | chunk); while XDP copies a chunk in, BUSY is set. */
@@ -62,21 +64,35 @@ struct aggbox_txslot {
 	__u32 reserved;
 };
 
-/* One communicator's control block. */
+/* The receive side of one broadcast, armed by the process (seq 0: none). */
+struct aggbox_rxctl {
+	__u32 seq;
+	__u32 root;
+	__u32 rank; /* this communicator's rank: the sender of its ACKs */
+	__u32 nchunks;
+	__u32 count; /* total elements, checked against each chunk */
+	__u32 dtype;
+	__u32 chunk_bytes; /* P */
+	__u32 last_bytes; /* bytes of the last chunk */
+	__u32 credit; /* chunks below this may be placed: first chunk not copied out + window */
+	__u32 notify; /* notify the process every this many landed chunks */
+	__u32 landed; /* chunks placed (XDP adds) */
+	__u32 target; /* chunks XDP must place: nchunks less those the process placed itself */
+	__u32 notified; /* set once the completion notice went up */
+	/* Armed ahead, before the call is known: the first chunk claims
+	 * (AGGBOX_CLAIM_*) the parameters it carries. */
+	__u32 claim;
+	__u32 reserved[2];
+};
+
+/*
+ * One communicator's control block. Broadcast seq is received in phase
+ * rx[seq % AGGBOX_RX_PHASES] and its chunks land in that phase's half of the
+ * receive window, so the next broadcast (armed ahead when this one starts)
+ * can land while the process is still copying this one out.
+ */
 struct aggbox_ctl {
-	/* Receiving: armed by the process for broadcast rx_seq (0: none). */
-	__u32 rx_seq;
-	__u32 rx_root;
-	__u32 rx_rank; /* this communicator's rank: the sender of its ACKs */
-	__u32 rx_nchunks;
-	__u32 rx_count; /* total elements, checked against each chunk */
-	__u32 rx_dtype;
-	__u32 rx_chunk_bytes; /* P */
-	__u32 rx_last_bytes; /* bytes of the last chunk */
-	__u32 rx_credit; /* chunks below this may be placed: first chunk not copied out + window */
-	__u32 rx_notify; /* notify the process every this many landed chunks */
-	__u32 rx_landed; /* chunks placed (XDP adds) */
-	__u32 rx_target; /* chunks XDP must place: nchunks less those the process placed itself */
+	struct aggbox_rxctl rx[AGGBOX_RX_PHASES];
 	/* Sending (root): armed by the process for broadcast tx_seq (0: none). */
 	__u32 tx_seq;
 	__u32 tx_nchunks;
@@ -84,10 +100,6 @@ struct aggbox_ctl {
 	__u32 tx_notify; /* wake the root every this many chunks held by all */
 	__u32 tx_done; /* chunks held by every receiver (XDP adds) */
 	__u32 tx_reserved;
-	__u32 rx_notified; /* set once the completion notice went up */
-	/* Armed ahead for the next broadcast, whose call is not known yet: the
-	 * first chunk claims (AGGBOX_CLAIM_*) the parameters it carries. */
-	__u32 rx_claim;
 };
 
 #define AGGBOX_CLAIM_OPEN 0 /* armed ahead: the first chunk sets the parameters */

@@ -437,6 +437,11 @@ typedef struct aggbox_stats {
    */
   uint64_t bcast_chunks_received;
   /**
+   * Broadcast chunks a receiver placed from its socket (first copies
+   * only); on the kernel datapath XDP placed the others.
+   */
+  uint64_t bcast_placed_from_socket;
+  /**
    * System calls the communicator made on its socket (sends, receives,
    * polls).
    */

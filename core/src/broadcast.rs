@@ -42,7 +42,7 @@ use crate::{
     comm::{Backoff, Received},
     dtype::{as_bytes_mut, Dtype, Element},
     loader::Attachment,
-    maps::RX_SLOTS,
+    maps::RX_WINDOW,
     window::{RxArm, Windows},
     wire::{seq_at_or_before, Header, Kind, FLAG_ANSWERED, FLAG_FANOUT, FLAG_GROUP, FLAG_MISMATCH, FLAG_RETRANSMIT, HDR_LEN, MAX_RANKS},
     Datapath,
@@ -711,15 +711,28 @@ impl Comm {
                 return Err(self.two_roots(call, other as usize));
             }
             windows.arm_tx(call.seq, call.nchunks as u32, self.size() as u32 - 1, KERNEL_TX_NOTIFY);
+            self.arm_next(call);
         }
         let result = self.bcast_root_loop(buf, call);
         if let Some(windows) = self.kernel_windows() {
             windows.disarm_tx();
-            if result.is_ok() && call.seq.wrapping_add(1) != 0 {
-                windows.arm_rx_ahead(call.seq.wrapping_add(1), self.rank() as u32, self.chunk as u32);
+            if result.is_err() {
+                windows.disarm_rx();
             }
         }
         result
+    }
+
+    /// Opens the receive window of the next broadcast (in the other phase)
+    /// as this one starts: its root may send before this rank has returned
+    /// from this one, even before this rank has been scheduled to copy out
+    /// what XDP placed of this one.
+    fn arm_next(&self, call: &Call) {
+        if let Some(windows) = self.kernel_windows() {
+            if call.seq.wrapping_add(1) != 0 {
+                windows.arm_rx_ahead(call.seq.wrapping_add(1), self.rank() as u32, self.chunk as u32);
+            }
+        }
     }
 
     fn bcast_root_loop(&mut self, buf: &[u8], call: &Call) -> Result<()> {
@@ -1042,10 +1055,10 @@ impl Comm {
         let Some(windows) = windows_if(self.attachment.as_ref(), self.kernel_usable()) else { return false };
         let state = &mut self.bcast;
         let mut placed_any = false;
-        let end = call.nchunks.min(state.low + RX_SLOTS as usize);
+        let end = call.nchunks.min(state.low + RX_WINDOW as usize);
         for chunk in state.low..end {
             if !state.placed.has(chunk) && windows.rx_holds(call.seq, chunk as u32) {
-                windows.copy_rx(chunk as u32, &mut buf[chunk_bytes(chunk, call.bytes, self.chunk)]);
+                windows.copy_rx(call.seq, chunk as u32, &mut buf[chunk_bytes(chunk, call.bytes, self.chunk)]);
                 // Still that chunk after the copy (not retaken meanwhile)?
                 if windows.rx_holds(call.seq, chunk as u32) {
                     state.placed.mark(chunk);
@@ -1056,7 +1069,7 @@ impl Comm {
         while state.low < call.nchunks && state.placed.has(state.low) {
             state.low += 1;
         }
-        windows.set_rx_credit((state.low + RX_SLOTS as usize).min(u32::MAX as usize) as u32);
+        windows.set_rx_credit(call.seq, (state.low + RX_WINDOW as usize).min(u32::MAX as usize) as u32);
         if placed_any {
             self.user_stats.bcast_from_kernel += 1;
         }
@@ -1081,16 +1094,16 @@ impl Comm {
         let claimed = self.kernel_windows().map(|w| w.claim_for_call(&arm));
         let result = match claimed {
             Some(Err((root, count, dtype))) => Err(self.claimed_mismatch(call, root as usize, count, dtype)),
-            _ => self.bcast_receive_loop(buf, call),
+            _ => {
+                self.arm_next(call);
+                self.bcast_receive_loop(buf, call)
+            }
         };
-        if let Some(windows) = self.kernel_windows() {
-            match &result {
-                // Open the window for the next broadcast now: its root may
-                // send before this rank calls it.
-                Ok(()) if call.seq.wrapping_add(1) != 0 => {
-                    windows.arm_rx_ahead(call.seq.wrapping_add(1), self.rank() as u32, self.chunk as u32)
-                }
-                _ => windows.disarm_rx(),
+        // On success this broadcast's phase stays armed, so XDP answers
+        // late repeats of its chunks, until the one after next takes it.
+        if result.is_err() {
+            if let Some(windows) = self.kernel_windows() {
+                windows.disarm_rx();
             }
         }
         result
@@ -1215,9 +1228,10 @@ impl Comm {
                 };
                 buf[chunk_bytes(index, call.bytes, self.chunk)].copy_from_slice(payload);
                 self.bcast.placed.mark(index);
+                self.user_stats.bcast_placed_from_socket += 1;
                 // On a kernel receiver, one fewer for XDP to place; if it
                 // has placed the rest already, take them now.
-                if self.kernel_windows().is_some_and(|w| w.placed_by_process()) {
+                if self.kernel_windows().is_some_and(|w| w.placed_by_process(call.seq)) {
                     self.drain_kernel_window(buf, call);
                 }
                 self.queue_ack(header, call.root)?;

@@ -51,8 +51,13 @@ pub struct PortValue {
 pub const NO_CTL: u32 = u32::MAX;
 /// `AGGBOX_CTL_SLOTS`: communicators per host with kernel broadcast windows.
 pub const CTL_SLOTS: u32 = 8;
-/// `AGGBOX_RX_SLOTS`: chunks in one communicator's receive window.
+/// `AGGBOX_RX_SLOTS`: chunks in one communicator's receive windows.
 pub const RX_SLOTS: u32 = 1024;
+/// `AGGBOX_RX_PHASES`: broadcasts a receiver has in flight, in
+/// `Ctl::rx[seq % RX_PHASES]` and that phase's part of the window.
+pub const RX_PHASES: u32 = 2;
+/// `AGGBOX_RX_WINDOW`: chunks in one broadcast's receive window.
+pub const RX_WINDOW: u32 = RX_SLOTS / RX_PHASES;
 /// `AGGBOX_TX_SLOTS`: chunks in one communicator's send window.
 pub const TX_SLOTS: u32 = 512;
 /// `AGGBOX_TAG_BUSY`: set in a receive slot's tag while XDP copies into it.
@@ -82,34 +87,48 @@ pub struct TxSlot {
     pub reserved: u32,
 }
 
+/// `struct aggbox_rxctl`: the receive side of one broadcast.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[repr(C)]
+pub struct RxCtl {
+    /// The broadcast armed (0: none).
+    pub seq: u32,
+    /// Its root.
+    pub root: u32,
+    /// This communicator's rank.
+    pub rank: u32,
+    /// Its chunks.
+    pub nchunks: u32,
+    /// Its total elements.
+    pub count: u32,
+    /// Its element type.
+    pub dtype: u32,
+    /// The chunk size.
+    pub chunk_bytes: u32,
+    /// Bytes of the last chunk.
+    pub last_bytes: u32,
+    /// Chunks below this may be placed.
+    pub credit: u32,
+    /// Notify every this many landed chunks.
+    pub notify: u32,
+    /// Chunks placed (XDP adds).
+    pub landed: u32,
+    /// Chunks XDP must place: `nchunks` less those the process placed.
+    pub target: u32,
+    /// Set once the completion notice went up.
+    pub notified: u32,
+    /// [`CLAIM_OPEN`], [`CLAIM_BUSY`] or [`CLAIM_SET`].
+    pub claim: u32,
+    /// Zero.
+    pub reserved: [u32; 2],
+}
+
 /// `struct aggbox_ctl`: one communicator's broadcast control block.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 #[repr(C)]
 pub struct Ctl {
-    /// Receiving: the broadcast armed (0: none).
-    pub rx_seq: u32,
-    /// Its root.
-    pub rx_root: u32,
-    /// This communicator's rank.
-    pub rx_rank: u32,
-    /// Its chunks.
-    pub rx_nchunks: u32,
-    /// Its total elements.
-    pub rx_count: u32,
-    /// Its element type.
-    pub rx_dtype: u32,
-    /// The chunk size.
-    pub rx_chunk_bytes: u32,
-    /// Bytes of the last chunk.
-    pub rx_last_bytes: u32,
-    /// Chunks below this may be placed.
-    pub rx_credit: u32,
-    /// Notify every this many landed chunks.
-    pub rx_notify: u32,
-    /// Chunks placed (XDP adds).
-    pub rx_landed: u32,
-    /// Chunks XDP must place: `rx_nchunks` less those the process placed.
-    pub rx_target: u32,
+    /// Receiving: broadcast `seq` in `rx[seq % RX_PHASES]`.
+    pub rx: [RxCtl; RX_PHASES as usize],
     /// Sending: the broadcast armed (0: none).
     pub tx_seq: u32,
     /// Its chunks.
@@ -122,10 +141,6 @@ pub struct Ctl {
     pub tx_done: u32,
     /// Zero.
     pub tx_reserved: u32,
-    /// Set once the completion notice went up.
-    pub rx_notified: u32,
-    /// [`CLAIM_OPEN`], [`CLAIM_BUSY`] or [`CLAIM_SET`].
-    pub rx_claim: u32,
 }
 
 /// `AGGBOX_CLAIM_OPEN`: armed ahead; the first chunk sets the parameters.
@@ -277,13 +292,17 @@ mod tests {
             "sizeof(struct aggbox_txslot)",
             "offsetof(struct aggbox_txslot, count)",
             "sizeof(struct aggbox_ctl)",
-            "offsetof(struct aggbox_ctl, rx_credit)",
-            "offsetof(struct aggbox_ctl, rx_landed)",
+            "AGGBOX_RX_PHASES",
+            "AGGBOX_RX_WINDOW",
+            "sizeof(struct aggbox_rxctl)",
+            "offsetof(struct aggbox_rxctl, credit)",
+            "offsetof(struct aggbox_rxctl, landed)",
+            "offsetof(struct aggbox_rxctl, target)",
+            "offsetof(struct aggbox_rxctl, notified)",
+            "offsetof(struct aggbox_rxctl, claim)",
+            "offsetof(struct aggbox_ctl, rx[1])",
             "offsetof(struct aggbox_ctl, tx_seq)",
             "offsetof(struct aggbox_ctl, tx_done)",
-            "offsetof(struct aggbox_ctl, rx_target)",
-            "offsetof(struct aggbox_ctl, rx_notified)",
-            "offsetof(struct aggbox_ctl, rx_claim)",
             "AGGBOX_CLAIM_SET",
             "AGGBOX_BSTAT_MAX",
             "AGGBOX_BSTAT_TO_USER",
@@ -328,13 +347,17 @@ mod tests {
             size_of::<TxSlot>(),
             offset_of!(TxSlot, count),
             size_of::<Ctl>(),
-            offset_of!(Ctl, rx_credit),
-            offset_of!(Ctl, rx_landed),
+            RX_PHASES as usize,
+            RX_WINDOW as usize,
+            size_of::<RxCtl>(),
+            offset_of!(RxCtl, credit),
+            offset_of!(RxCtl, landed),
+            offset_of!(RxCtl, target),
+            offset_of!(RxCtl, notified),
+            offset_of!(RxCtl, claim),
+            offset_of!(Ctl, rx) + size_of::<RxCtl>(),
             offset_of!(Ctl, tx_seq),
             offset_of!(Ctl, tx_done),
-            offset_of!(Ctl, rx_target),
-            offset_of!(Ctl, rx_notified),
-            offset_of!(Ctl, rx_claim),
             CLAIM_SET as usize,
             BSTAT_NAMES.len(),
             BSTAT_NAMES.iter().position(|n| *n == "to_user").unwrap(),

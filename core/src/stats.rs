@@ -44,6 +44,11 @@ pub struct UserStats {
     /// On the kernel datapath XDP places chunks in the mapped window
     /// instead, so there this counts only what XDP left to user space.
     pub bcast_chunks_received: u64,
+    /// Chunks a receiver placed in its buffer from its socket (first copies
+    /// only). On the kernel datapath, XDP placed the others; it leaves a
+    /// chunk to user space when the process lags behind the root by a
+    /// window or by two broadcasts (docs/BROADCAST.md).
+    pub bcast_placed_from_socket: u64,
     /// System calls the communicator made on its socket (sends, receives,
     /// polls): divided by the operations, the benchmarks' syscalls per
     /// operation.

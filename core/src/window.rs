@@ -12,7 +12,9 @@ use std::{
 };
 
 use crate::{
-    maps::{Ctl, RxSlot, TxSlot, CLAIM_BUSY, CLAIM_OPEN, CLAIM_SET, CTL_SLOTS, RX_SLOTS, TX_SLOTS},
+    maps::{
+        Ctl, RxCtl, RxSlot, TxSlot, CLAIM_BUSY, CLAIM_OPEN, CLAIM_SET, CTL_SLOTS, RX_PHASES, RX_SLOTS, RX_WINDOW, TX_SLOTS,
+    },
     Error, Result,
 };
 
@@ -51,6 +53,12 @@ impl Drop for Mapping {
 const fn elem(size: usize) -> usize {
     size.div_ceil(8) * 8
 }
+
+/// A receiver is woken every this many chunks XDP placed (and at the
+/// last), to copy them out and give the window room: a quarter of the
+/// window, so that it is usually scheduled before the root, which XDP's
+/// ACKs keep sending, has filled the window.
+pub const RX_NOTIFY: u32 = RX_WINDOW / 4;
 
 /// The tag of chunk `chunk` of broadcast `seq` in a slot.
 pub fn tag(seq: u32, chunk: u32) -> u64 {
@@ -120,28 +128,37 @@ impl Windows {
         unsafe { &*(self.ctl().cast::<u8>().add(offset).cast::<AtomicU32>()) }
     }
 
-    /// The receive slot that chunk `chunk` lands in.
-    pub fn rx_slot(&self, chunk: u32) -> *mut RxSlot {
-        let slot = self.index * RX_SLOTS + (chunk & (RX_SLOTS - 1));
+    /// A u32 field of the receive side of broadcast `seq` (its phase,
+    /// `seq % RX_PHASES`), for atomic access (`offset` from
+    /// `std::mem::offset_of!(RxCtl, …)`).
+    pub fn rx_field(&self, seq: u32, offset: usize) -> &AtomicU32 {
+        let phase = (seq % RX_PHASES) as usize;
+        self.ctl_field(std::mem::offset_of!(Ctl, rx) + phase * size_of::<RxCtl>() + offset)
+    }
+
+    /// The receive slot that chunk `chunk` of broadcast `seq` lands in: in
+    /// the part of the window of the broadcast's phase.
+    pub fn rx_slot(&self, seq: u32, chunk: u32) -> *mut RxSlot {
+        let slot = self.index * RX_SLOTS + (seq % RX_PHASES) * RX_WINDOW + (chunk & (RX_WINDOW - 1));
         // SAFETY: slot < CTL_SLOTS * RX_SLOTS, inside the mapping.
         unsafe { self.rx.ptr.add(slot as usize * elem(size_of::<RxSlot>())).cast() }
     }
 
     /// The tag of a receive slot, for atomic access.
-    pub fn rx_tag(&self, chunk: u32) -> &AtomicU64 {
+    pub fn rx_tag(&self, seq: u32, chunk: u32) -> &AtomicU64 {
         // SAFETY: the first (8-aligned) field of a slot in the mapping.
-        unsafe { &*(self.rx_slot(chunk).cast::<AtomicU64>()) }
+        unsafe { &*(self.rx_slot(seq, chunk).cast::<AtomicU64>()) }
     }
 
-    /// Copies the bytes in chunk `chunk`'s receive slot into `dst` (at most
-    /// [`crate::wire::CHUNK_MAX`]). Read the tag first ([`Windows::rx_tag`],
-    /// with `Acquire`) to know the slot holds that chunk.
-    pub fn copy_rx(&self, chunk: u32, dst: &mut [u8]) {
+    /// Copies the bytes in the receive slot of chunk `chunk` of `seq` into
+    /// `dst` (at most [`crate::wire::CHUNK_MAX`]). Check the tag first
+    /// ([`Windows::rx_holds`]) to know the slot holds that chunk.
+    pub fn copy_rx(&self, seq: u32, chunk: u32, dst: &mut [u8]) {
         let len = dst.len().min(crate::wire::CHUNK_MAX);
         // SAFETY: the data field of a slot inside the mapping, at least len
         // bytes long; dst is ours and does not overlap the mapping.
         unsafe {
-            let src = std::ptr::addr_of!((*self.rx_slot(chunk)).data).cast::<u8>();
+            let src = std::ptr::addr_of!((*self.rx_slot(seq, chunk)).data).cast::<u8>();
             std::ptr::copy_nonoverlapping(src, dst.as_mut_ptr(), len);
         }
     }
@@ -153,46 +170,47 @@ impl Windows {
         unsafe { self.tx.ptr.add(slot as usize * elem(size_of::<TxSlot>())).cast() }
     }
 
-    /// Arms the receive side for broadcast `seq` (the XDP program starts
-    /// placing its chunks): everything first, `rx_seq` last.
+    /// Arms the receive side for broadcast `arm.seq` (the XDP program
+    /// starts placing its chunks): everything first, `seq` last.
     pub fn arm_rx(&self, arm: &RxArm) {
         use std::sync::atomic::Ordering::{Relaxed, Release};
-        let field = |offset| self.ctl_field(offset);
-        field(std::mem::offset_of!(Ctl, rx_seq)).store(0, Release);
-        field(std::mem::offset_of!(Ctl, rx_root)).store(arm.root, Relaxed);
-        field(std::mem::offset_of!(Ctl, rx_rank)).store(arm.rank, Relaxed);
-        field(std::mem::offset_of!(Ctl, rx_nchunks)).store(arm.nchunks, Relaxed);
-        field(std::mem::offset_of!(Ctl, rx_count)).store(arm.count, Relaxed);
-        field(std::mem::offset_of!(Ctl, rx_dtype)).store(arm.dtype, Relaxed);
-        field(std::mem::offset_of!(Ctl, rx_chunk_bytes)).store(arm.chunk_bytes, Relaxed);
-        field(std::mem::offset_of!(Ctl, rx_last_bytes)).store(arm.last_bytes, Relaxed);
-        field(std::mem::offset_of!(Ctl, rx_credit)).store(arm.nchunks.min(RX_SLOTS), Relaxed);
-        field(std::mem::offset_of!(Ctl, rx_notify)).store(RX_SLOTS / 2, Relaxed);
-        field(std::mem::offset_of!(Ctl, rx_landed)).store(0, Relaxed);
-        field(std::mem::offset_of!(Ctl, rx_target)).store(arm.nchunks, Relaxed);
-        field(std::mem::offset_of!(Ctl, rx_notified)).store(0, Relaxed);
-        field(std::mem::offset_of!(Ctl, rx_claim)).store(CLAIM_SET, Relaxed);
-        field(std::mem::offset_of!(Ctl, rx_seq)).store(arm.seq, Release);
+        let field = |offset| self.rx_field(arm.seq, offset);
+        field(std::mem::offset_of!(RxCtl, seq)).store(0, Release);
+        field(std::mem::offset_of!(RxCtl, root)).store(arm.root, Relaxed);
+        field(std::mem::offset_of!(RxCtl, rank)).store(arm.rank, Relaxed);
+        field(std::mem::offset_of!(RxCtl, nchunks)).store(arm.nchunks, Relaxed);
+        field(std::mem::offset_of!(RxCtl, count)).store(arm.count, Relaxed);
+        field(std::mem::offset_of!(RxCtl, dtype)).store(arm.dtype, Relaxed);
+        field(std::mem::offset_of!(RxCtl, chunk_bytes)).store(arm.chunk_bytes, Relaxed);
+        field(std::mem::offset_of!(RxCtl, last_bytes)).store(arm.last_bytes, Relaxed);
+        field(std::mem::offset_of!(RxCtl, credit)).store(arm.nchunks.min(RX_WINDOW), Relaxed);
+        field(std::mem::offset_of!(RxCtl, notify)).store(RX_NOTIFY, Relaxed);
+        field(std::mem::offset_of!(RxCtl, landed)).store(0, Relaxed);
+        field(std::mem::offset_of!(RxCtl, target)).store(arm.nchunks, Relaxed);
+        field(std::mem::offset_of!(RxCtl, notified)).store(0, Relaxed);
+        field(std::mem::offset_of!(RxCtl, claim)).store(CLAIM_SET, Relaxed);
+        field(std::mem::offset_of!(RxCtl, seq)).store(arm.seq, Release);
     }
 
     /// Arms the receive side ahead for broadcast `seq`, before its call is
     /// made: the first chunk that arrives sets the parameters it carries
     /// (XDP's `aggbox_claim`), and [`Windows::claim_for_call`] checks them
     /// against the call when it comes. So a root that is already sending
-    /// finds the window open.
+    /// finds the window open. It uses the other phase than `seq - 1`, so
+    /// it may be armed while broadcast `seq - 1` is still being copied out.
     pub fn arm_rx_ahead(&self, seq: u32, rank: u32, chunk_bytes: u32) {
         use std::sync::atomic::Ordering::{Relaxed, Release};
-        let field = |offset| self.ctl_field(offset);
-        field(std::mem::offset_of!(Ctl, rx_seq)).store(0, Release);
-        field(std::mem::offset_of!(Ctl, rx_rank)).store(rank, Relaxed);
-        field(std::mem::offset_of!(Ctl, rx_chunk_bytes)).store(chunk_bytes, Relaxed);
-        field(std::mem::offset_of!(Ctl, rx_credit)).store(0, Relaxed);
-        field(std::mem::offset_of!(Ctl, rx_notify)).store(RX_SLOTS / 2, Relaxed);
-        field(std::mem::offset_of!(Ctl, rx_landed)).store(0, Relaxed);
-        field(std::mem::offset_of!(Ctl, rx_target)).store(u32::MAX, Relaxed);
-        field(std::mem::offset_of!(Ctl, rx_notified)).store(0, Relaxed);
-        field(std::mem::offset_of!(Ctl, rx_claim)).store(CLAIM_OPEN, Relaxed);
-        field(std::mem::offset_of!(Ctl, rx_seq)).store(seq, Release);
+        let field = |offset| self.rx_field(seq, offset);
+        field(std::mem::offset_of!(RxCtl, seq)).store(0, Release);
+        field(std::mem::offset_of!(RxCtl, rank)).store(rank, Relaxed);
+        field(std::mem::offset_of!(RxCtl, chunk_bytes)).store(chunk_bytes, Relaxed);
+        field(std::mem::offset_of!(RxCtl, credit)).store(0, Relaxed);
+        field(std::mem::offset_of!(RxCtl, notify)).store(RX_NOTIFY, Relaxed);
+        field(std::mem::offset_of!(RxCtl, landed)).store(0, Relaxed);
+        field(std::mem::offset_of!(RxCtl, target)).store(u32::MAX, Relaxed);
+        field(std::mem::offset_of!(RxCtl, notified)).store(0, Relaxed);
+        field(std::mem::offset_of!(RxCtl, claim)).store(CLAIM_OPEN, Relaxed);
+        field(std::mem::offset_of!(RxCtl, seq)).store(seq, Release);
     }
 
     /// Makes the receive side ready for the call `arm`: arms it if it was
@@ -201,23 +219,23 @@ impl Windows {
     /// returns what the first chunk said: (root, count, dtype).
     pub fn claim_for_call(&self, arm: &RxArm) -> std::result::Result<(), (u32, u32, u32)> {
         use std::sync::atomic::Ordering::{AcqRel, Acquire, Relaxed, Release};
-        let field = |offset| self.ctl_field(offset);
-        if field(std::mem::offset_of!(Ctl, rx_seq)).load(Acquire) != arm.seq {
+        let field = |offset| self.rx_field(arm.seq, offset);
+        if field(std::mem::offset_of!(RxCtl, seq)).load(Acquire) != arm.seq {
             self.arm_rx(arm);
             return Ok(());
         }
-        let claim = field(std::mem::offset_of!(Ctl, rx_claim));
+        let claim = field(std::mem::offset_of!(RxCtl, claim));
         loop {
             match claim.compare_exchange(CLAIM_OPEN, CLAIM_BUSY, AcqRel, Acquire) {
                 Ok(_) => {
                     // No chunk yet: the call's parameters, exactly.
-                    field(std::mem::offset_of!(Ctl, rx_root)).store(arm.root, Relaxed);
-                    field(std::mem::offset_of!(Ctl, rx_count)).store(arm.count, Relaxed);
-                    field(std::mem::offset_of!(Ctl, rx_dtype)).store(arm.dtype, Relaxed);
-                    field(std::mem::offset_of!(Ctl, rx_nchunks)).store(arm.nchunks, Relaxed);
-                    field(std::mem::offset_of!(Ctl, rx_last_bytes)).store(arm.last_bytes, Relaxed);
-                    field(std::mem::offset_of!(Ctl, rx_target)).store(arm.nchunks, Relaxed);
-                    field(std::mem::offset_of!(Ctl, rx_credit)).store(arm.nchunks.min(RX_SLOTS), Relaxed);
+                    field(std::mem::offset_of!(RxCtl, root)).store(arm.root, Relaxed);
+                    field(std::mem::offset_of!(RxCtl, count)).store(arm.count, Relaxed);
+                    field(std::mem::offset_of!(RxCtl, dtype)).store(arm.dtype, Relaxed);
+                    field(std::mem::offset_of!(RxCtl, nchunks)).store(arm.nchunks, Relaxed);
+                    field(std::mem::offset_of!(RxCtl, last_bytes)).store(arm.last_bytes, Relaxed);
+                    field(std::mem::offset_of!(RxCtl, target)).store(arm.nchunks, Relaxed);
+                    field(std::mem::offset_of!(RxCtl, credit)).store(arm.nchunks.min(RX_WINDOW), Relaxed);
                     claim.store(CLAIM_SET, Release);
                     return Ok(());
                 }
@@ -226,11 +244,11 @@ impl Windows {
             }
         }
         let said = (
-            field(std::mem::offset_of!(Ctl, rx_root)).load(Acquire),
-            field(std::mem::offset_of!(Ctl, rx_count)).load(Acquire),
-            field(std::mem::offset_of!(Ctl, rx_dtype)).load(Acquire),
+            field(std::mem::offset_of!(RxCtl, root)).load(Acquire),
+            field(std::mem::offset_of!(RxCtl, count)).load(Acquire),
+            field(std::mem::offset_of!(RxCtl, dtype)).load(Acquire),
         );
-        let nchunks = field(std::mem::offset_of!(Ctl, rx_nchunks)).load(Acquire);
+        let nchunks = field(std::mem::offset_of!(RxCtl, nchunks)).load(Acquire);
         if said == (arm.root, arm.count, arm.dtype) && nchunks == arm.nchunks {
             Ok(())
         } else {
@@ -238,38 +256,42 @@ impl Windows {
         }
     }
 
-    /// The process placed a chunk itself (it came to the socket): XDP has
-    /// one fewer to place before the completion notice. Returns whether
-    /// XDP already placed all it now has to (no notice will come).
-    pub fn placed_by_process(&self) -> bool {
-        use std::sync::atomic::Ordering::AcqRel;
-        let target = self.ctl_field(std::mem::offset_of!(Ctl, rx_target)).fetch_sub(1, AcqRel) - 1;
-        self.ctl_field(std::mem::offset_of!(Ctl, rx_landed)).load(std::sync::atomic::Ordering::Acquire) >= target
+    /// The process placed a chunk of `seq` itself (it came to the socket):
+    /// XDP has one fewer to place before the completion notice. Returns
+    /// whether XDP already placed all it now has to (no notice will come).
+    pub fn placed_by_process(&self, seq: u32) -> bool {
+        use std::sync::atomic::Ordering::{AcqRel, Acquire};
+        let target = self.rx_field(seq, std::mem::offset_of!(RxCtl, target)).fetch_sub(1, AcqRel) - 1;
+        self.rx_field(seq, std::mem::offset_of!(RxCtl, landed)).load(Acquire) >= target
     }
 
-    /// Stops placement; if it was armed (ahead) for `seq` and XDP placed
-    /// chunks of it, returns the root those chunks named.
+    /// Stops placement of broadcast `seq`'s phase; if it was armed (ahead)
+    /// for `seq` and XDP placed chunks of it, returns the root those chunks
+    /// named.
     pub fn disarm_rx_landed(&self, seq: u32) -> Option<u32> {
         use std::sync::atomic::Ordering::{AcqRel, Acquire};
-        let armed = self.ctl_field(std::mem::offset_of!(Ctl, rx_seq)).swap(0, AcqRel);
-        let landed = self.ctl_field(std::mem::offset_of!(Ctl, rx_landed)).load(Acquire);
-        (armed == seq && landed > 0).then(|| self.ctl_field(std::mem::offset_of!(Ctl, rx_root)).load(Acquire))
+        let armed = self.rx_field(seq, std::mem::offset_of!(RxCtl, seq)).swap(0, AcqRel);
+        let landed = self.rx_field(seq, std::mem::offset_of!(RxCtl, landed)).load(Acquire);
+        (armed == seq && landed > 0).then(|| self.rx_field(seq, std::mem::offset_of!(RxCtl, root)).load(Acquire))
     }
 
-    /// Stops placement (the broadcast is complete or failed).
+    /// Stops placement in both phases (a broadcast failed).
     pub fn disarm_rx(&self) {
-        self.ctl_field(std::mem::offset_of!(Ctl, rx_seq)).store(0, std::sync::atomic::Ordering::Release);
+        for phase in 0..RX_PHASES {
+            self.rx_field(phase, std::mem::offset_of!(RxCtl, seq)).store(0, std::sync::atomic::Ordering::Release);
+        }
     }
 
-    /// Lets the XDP program place chunks below `credit` (window room).
-    pub fn set_rx_credit(&self, credit: u32) {
-        self.ctl_field(std::mem::offset_of!(Ctl, rx_credit)).store(credit, std::sync::atomic::Ordering::Release);
+    /// Lets the XDP program place chunks of `seq` below `credit` (window
+    /// room).
+    pub fn set_rx_credit(&self, seq: u32, credit: u32) {
+        self.rx_field(seq, std::mem::offset_of!(RxCtl, credit)).store(credit, std::sync::atomic::Ordering::Release);
     }
 
     /// Whether chunk `chunk` of broadcast `seq` is in its receive slot
     /// (placed completely: not still being copied in).
     pub fn rx_holds(&self, seq: u32, chunk: u32) -> bool {
-        self.rx_tag(chunk).load(std::sync::atomic::Ordering::Acquire) == tag(seq, chunk)
+        self.rx_tag(seq, chunk).load(std::sync::atomic::Ordering::Acquire) == tag(seq, chunk)
     }
 
     /// Arms the send side for broadcast `seq`: the XDP program folds the
@@ -365,8 +387,10 @@ impl Windows {
         // no operation is armed yet, so XDP does not write them.
         unsafe {
             self.ctl().write(Ctl::default());
-            for chunk in 0..RX_SLOTS {
-                (*self.rx_slot(chunk)).tag = 0;
+            for phase in 0..RX_PHASES {
+                for chunk in 0..RX_WINDOW {
+                    (*self.rx_slot(phase, chunk)).tag = 0;
+                }
             }
             for chunk in 0..TX_SLOTS {
                 self.tx_slot(chunk).write(TxSlot::default());

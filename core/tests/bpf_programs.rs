@@ -199,7 +199,15 @@ fn truncated_ip_and_udp_headers_pass_as_not_ours() {
 
 // ---- Broadcast (docs/BROADCAST.md, "Kernel datapath") ----------------------
 
-use aggbox_core::maps::{Ctl, BSTAT_NAMES};
+use aggbox_core::maps::{Ctl, RxCtl, BSTAT_NAMES, RX_PHASES, RX_WINDOW};
+
+/// A control block whose receive side for `rx.seq` (its phase) is `rx`.
+fn rx_ctl(rx: RxCtl) -> Ctl {
+    let mut ctl = Ctl::default();
+    ctl.rx[(rx.seq % RX_PHASES) as usize] = rx;
+    ctl
+}
+
 
 const BCAST_DATA: u8 = 6;
 const BCAST_ACK: u8 = 7;
@@ -243,20 +251,20 @@ fn xdp_places_a_chunk_and_answers_with_an_ack() {
     let total = P + 100; // two chunks
     // SAFETY: the test owns this control block; nothing else runs on it.
     unsafe {
-        windows.ctl().write(Ctl {
-            rx_seq: 1,
-            rx_root: 1,
-            rx_rank: 0,
-            rx_nchunks: 2,
-            rx_target: 2,
-            rx_claim: aggbox_core::maps::CLAIM_SET,
-            rx_count: total as u32,
-            rx_dtype: 0,
-            rx_chunk_bytes: P as u32,
-            rx_last_bytes: 100,
-            rx_credit: 1024,
-            ..Ctl::default()
-        });
+        windows.ctl().write(rx_ctl(RxCtl {
+            seq: 1,
+            root: 1,
+            rank: 0,
+            nchunks: 2,
+            target: 2,
+            claim: aggbox_core::maps::CLAIM_SET,
+            count: total as u32,
+            dtype: 0,
+            chunk_bytes: P as u32,
+            last_bytes: 100,
+            credit: RX_WINDOW,
+            ..RxCtl::default()
+        }));
     }
     let payload0: Vec<u8> = (0..P).map(|i| (i * 7 + 3) as u8).collect();
     let mut datagram = bcast_header(BCAST_DATA, 1, 1, 0, 2, total as u32);
@@ -280,10 +288,10 @@ fn xdp_places_a_chunk_and_answers_with_an_ack() {
     assert_eq!(u16::from_le_bytes([ack[42 + 12], ack[42 + 13]]), 0, "sender: our rank");
     assert_eq!(u32::from_le_bytes(ack[42 + 28..42 + 32].try_into().unwrap()), 0, "chunk 0");
     // The chunk is in the window, tagged.
-    let tag = windows.rx_tag(0).load(std::sync::atomic::Ordering::Acquire);
+    let tag = windows.rx_tag(1, 0).load(std::sync::atomic::Ordering::Acquire);
     assert_eq!(tag, 1u64 << 32);
     let mut placed = vec![0u8; P];
-    windows.copy_rx(0, &mut placed);
+    windows.copy_rx(1, 0, &mut placed);
     assert_eq!(placed, payload0);
     assert_eq!(bstat(&h, "placed"), 1);
     assert_eq!(bstat(&h, "acks_sent"), 1);
@@ -304,9 +312,9 @@ fn xdp_places_a_chunk_and_answers_with_an_ack() {
     assert_eq!(out.frame.len(), 14 + 20 + 8 + 40);
     assert!(ipv4_checksum_ok(&out.frame[14..34]));
     let mut placed = vec![0u8; 100];
-    windows.copy_rx(1, &mut placed);
+    windows.copy_rx(1, 1, &mut placed);
     assert_eq!(placed, vec![0xaa; 100]);
-    let landed = windows.ctl_field(std::mem::offset_of!(Ctl, rx_landed)).load(std::sync::atomic::Ordering::Acquire);
+    let landed = windows.rx_field(1, std::mem::offset_of!(RxCtl, landed)).load(std::sync::atomic::Ordering::Acquire);
     assert_eq!(landed, 2);
     assert_eq!(bstat(&h, "landed"), 1);
 }
@@ -317,18 +325,18 @@ fn xdp_leaves_to_user_space_what_it_was_not_armed_for() {
     let windows = h.register_with_windows(LOCAL_IP, LOCAL_PORT, &group(), CTL).unwrap();
     // SAFETY: the test owns this control block.
     unsafe {
-        windows.ctl().write(Ctl {
-            rx_seq: 5,
-            rx_root: 1,
-            rx_nchunks: 1,
-            rx_target: 1,
-            rx_claim: aggbox_core::maps::CLAIM_SET,
-            rx_count: 10,
-            rx_chunk_bytes: P as u32,
-            rx_last_bytes: 10,
-            rx_credit: 1024,
-            ..Ctl::default()
-        });
+        windows.ctl().write(rx_ctl(RxCtl {
+            seq: 5,
+            root: 1,
+            nchunks: 1,
+            target: 1,
+            claim: aggbox_core::maps::CLAIM_SET,
+            count: 10,
+            chunk_bytes: P as u32,
+            last_bytes: 10,
+            credit: RX_WINDOW,
+            ..RxCtl::default()
+        }));
     }
     let cases = [
         ("another broadcast", bcast_header(BCAST_DATA, 1, 4, 0, 1, 10), 10),
@@ -395,32 +403,33 @@ fn xdp_answers_but_never_places_a_chunk_below_the_window() {
     let nchunks = 3000u32;
     // SAFETY: the test owns this control block.
     unsafe {
-        windows.ctl().write(Ctl {
-            rx_seq: 2,
-            rx_root: 1,
-            rx_nchunks: nchunks,
-            rx_target: nchunks,
-            rx_claim: aggbox_core::maps::CLAIM_SET,
-            rx_count: nchunks * P as u32,
-            rx_chunk_bytes: P as u32,
-            rx_last_bytes: P as u32,
-            rx_credit: 1024 + 1030, // chunks 0..1029 were copied out
-            ..Ctl::default()
-        });
+        windows.ctl().write(rx_ctl(RxCtl {
+            seq: 2,
+            root: 1,
+            nchunks: nchunks,
+            target: nchunks,
+            claim: aggbox_core::maps::CLAIM_SET,
+            count: nchunks * P as u32,
+            chunk_bytes: P as u32,
+            last_bytes: P as u32,
+            credit: RX_WINDOW + 1030, // chunks 0..1029 were copied out
+            ..RxCtl::default()
+        }));
     }
-    // Chunk 5 + 2048 (in the window: 1030..2054) shares a slot with chunk 5.
-    let mut later = bcast_header(BCAST_DATA, 1, 2, 5 + 2048, nchunks, nchunks * P as u32);
+    // Chunk 5 + 3 windows (in the window: 1030..1542) shares a slot with chunk 5.
+    let later_chunk = 5 + 3 * RX_WINDOW;
+    let mut later = bcast_header(BCAST_DATA, 1, 2, later_chunk, nchunks, nchunks * P as u32);
     later.extend(std::iter::repeat_n(0x55u8, P));
     assert_eq!(h.run(Prog::XdpIngress, &inbound(&later)).unwrap().retval, xdp::TX);
-    // A late repeat of chunk 5 is answered, and the slot keeps chunk 2053.
+    // A late repeat of chunk 5 is answered, and the slot keeps the later one.
     let mut stale = bcast_header(BCAST_DATA, 1, 2, 5, nchunks, nchunks * P as u32);
     stale.extend(std::iter::repeat_n(0x11u8, P));
     let out = h.run(Prog::XdpIngress, &inbound(&stale)).unwrap();
     assert_eq!(out.retval, xdp::TX);
     assert_eq!(kind_of(&out.frame), BCAST_ACK);
-    assert!(windows.rx_holds(2, 5 + 2048));
+    assert!(windows.rx_holds(2, later_chunk));
     let mut slot = vec![0u8; P];
-    windows.copy_rx(5, &mut slot);
+    windows.copy_rx(2, 5, &mut slot);
     assert_eq!(slot, vec![0x55u8; P]);
     assert_eq!(bstat(&h, "placed"), 1);
     assert_eq!(bstat(&h, "duplicates"), 1);
@@ -433,7 +442,7 @@ fn a_window_armed_ahead_takes_the_first_chunks_parameters() {
     let windows = h.register_with_windows(LOCAL_IP, LOCAL_PORT, &group(), CTL).unwrap();
     windows.arm_rx_ahead(4, 0, P as u32);
     let claim = |w: &aggbox_core::window::Windows| {
-        w.ctl_field(std::mem::offset_of!(Ctl, rx_claim)).load(std::sync::atomic::Ordering::Acquire)
+        w.rx_field(4, std::mem::offset_of!(RxCtl, claim)).load(std::sync::atomic::Ordering::Acquire)
     };
     assert_eq!(claim(&windows), CLAIM_OPEN);
     // Broadcast #4: 3 chunks of u8 from rank 1.
@@ -443,8 +452,8 @@ fn a_window_armed_ahead_takes_the_first_chunks_parameters() {
     assert_eq!(h.run(Prog::XdpIngress, &inbound(&first)).unwrap().retval, xdp::TX, "placed and answered");
     assert_eq!(claim(&windows), CLAIM_SET);
     // SAFETY: XDP is done with the control block.
-    let ctl = unsafe { *windows.ctl() };
-    assert_eq!((ctl.rx_root, ctl.rx_count, ctl.rx_nchunks, ctl.rx_last_bytes, ctl.rx_target), (1, count, 3, 5, 3));
+    let rx = unsafe { *windows.ctl() }.rx[(4 % RX_PHASES) as usize];
+    assert_eq!((rx.root, rx.count, rx.nchunks, rx.last_bytes, rx.target), (1, count, 3, 5, 3));
     assert!(windows.rx_holds(4, 1));
     // A chunk of the same broadcast with another count: user space decides.
     let mut other = bcast_header(BCAST_DATA, 1, 4, 2, 3, count + 1);

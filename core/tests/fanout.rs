@@ -11,13 +11,20 @@ use std::{
 use aggbox_core::{
     cluster::Cluster,
     loader::Attachment,
-    maps::BSTAT_NAMES,
+    maps::{Ctl, RxCtl, BSTAT_NAMES, RX_PHASES, RX_WINDOW},
     netif,
     rendezvous::{GroupInfo, PeerInfo},
     transport::Transport,
     wire::{Header, Kind, FLAG_FANOUT, HDR_LEN},
     Datapath,
 };
+
+/// A control block whose receive side for `rx.seq` (its phase) is `rx`.
+fn rx_ctl(rx: RxCtl) -> Ctl {
+    let mut ctl = Ctl::default();
+    ctl.rx[(rx.seq % RX_PHASES) as usize] = rx;
+    ctl
+}
 
 const HOSTS: usize = 8;
 const PORT: u16 = 47_100;
@@ -83,7 +90,6 @@ fn a_fanout_chunk_reaches_every_member_once() {
 
 #[test]
 fn receivers_place_and_answer_in_the_kernel_and_the_root_folds() {
-    use aggbox_core::maps::Ctl;
     use std::sync::atomic::Ordering;
 
     let cluster = Cluster::temporary(HOSTS).unwrap();
@@ -97,19 +103,19 @@ fn receivers_place_and_answer_in_the_kernel_and_the_root_folds() {
         let ctl = if rank == 0 {
             Ctl { tx_seq: seq, tx_nchunks: nchunks, tx_receivers: HOSTS as u32 - 1, tx_notify: 1, ..Ctl::default() }
         } else {
-            Ctl {
-                rx_seq: seq,
-                rx_root: 0,
-                rx_rank: rank as u32,
-                rx_nchunks: nchunks,
-            rx_target: nchunks,
-            rx_claim: aggbox_core::maps::CLAIM_SET,
-                rx_count: total,
-                rx_chunk_bytes: P,
-                rx_last_bytes: 10,
-                rx_credit: 1024,
-                ..Ctl::default()
-            }
+            rx_ctl(RxCtl {
+                seq,
+                root: 0,
+                rank: rank as u32,
+                nchunks,
+                target: nchunks,
+                claim: aggbox_core::maps::CLAIM_SET,
+                count: total,
+                chunk_bytes: P,
+                last_bytes: 10,
+                credit: RX_WINDOW,
+                ..RxCtl::default()
+            })
         };
         // SAFETY: this test is the only user of these control blocks.
         unsafe { windows.ctl().write(ctl) };
@@ -139,9 +145,9 @@ fn receivers_place_and_answer_in_the_kernel_and_the_root_folds() {
     assert_eq!(slot.bits[0], 0b1111_1110, "ranks 1..7");
     for (rank, (transport, attachment)) in hosts.iter().enumerate().skip(1) {
         let windows = attachment.windows().unwrap();
-        assert_eq!(windows.rx_tag(0).load(Ordering::Acquire), u64::from(seq) << 32, "rank {rank}: placed");
+        assert_eq!(windows.rx_tag(seq, 0).load(Ordering::Acquire), u64::from(seq) << 32, "rank {rank}: placed");
         let mut placed = vec![0u8; P as usize];
-        windows.copy_rx(0, &mut placed);
+        windows.copy_rx(seq, 0, &mut placed);
         assert_eq!(placed, payload, "rank {rank}: byte for byte");
         // Nothing reached the receiver's socket: XDP answered for it.
         assert!(transport.recv(&mut buf, Instant::now() + Duration::from_millis(20)).unwrap().is_none(), "rank {rank}");
@@ -176,7 +182,7 @@ fn receivers_place_and_answer_in_the_kernel_and_the_root_folds() {
         assert_eq!(notice.flags, aggbox_core::wire::FLAG_ANSWERED, "rank {rank}: answered by the kernel");
         assert_eq!((notice.seq, notice.chunk, notice.count, notice.sender), (seq, 1, 2, 0), "rank {rank}");
         let mut placed = vec![0u8; 10];
-        attachment.windows().unwrap().copy_rx(1, &mut placed);
+        attachment.windows().unwrap().copy_rx(seq, 1, &mut placed);
         assert_eq!(placed, vec![0x5a; 10], "rank {rank}");
     }
 }

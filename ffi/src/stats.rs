@@ -142,6 +142,9 @@ pub struct aggbox_stats {
     /// kernel datapath XDP places chunks in the mapped window instead, so
     /// there this counts only what XDP left to user space.
     pub bcast_chunks_received: u64,
+    /// Broadcast chunks a receiver placed from its socket (first copies
+    /// only); on the kernel datapath XDP placed the others.
+    pub bcast_placed_from_socket: u64,
     /// System calls the communicator made on its socket (sends, receives,
     /// polls).
     pub syscalls: u64,
@@ -170,6 +173,7 @@ impl aggbox_stats {
             bcast_landed,
             bcast_from_kernel,
             bcast_chunks_received,
+            bcast_placed_from_socket,
             syscalls,
         } = stats.user;
         aggbox_stats {
@@ -190,6 +194,7 @@ impl aggbox_stats {
             bcast_landed,
             bcast_from_kernel,
             bcast_chunks_received,
+            bcast_placed_from_socket,
             syscalls,
         }
     }
@@ -229,6 +234,7 @@ impl aggbox_stats {
             bcast_landed,
             bcast_from_kernel,
             bcast_chunks_received,
+            bcast_placed_from_socket,
             syscalls
         );
     }

@@ -144,7 +144,7 @@ fn report(comm: &Comm) {
     let kernel: Vec<String> =
         aggbox_core::maps::BSTAT_NAMES.iter().zip(kernel).map(|(name, value)| format!("k_{name}={value}")).collect();
     println!(
-        "report rank={} size={} datapath={} chunk={} broadcasts={} retransmits={} duplicates={} chunks_sent={} acks_received={} sent={} received={} xdp_accepted={} group_acks={} landed={} chunks_received={} windowed={} {}",
+        "report rank={} size={} datapath={} chunk={} broadcasts={} retransmits={} duplicates={} chunks_sent={} acks_received={} sent={} received={} xdp_accepted={} group_acks={} landed={} chunks_received={} placed_from_socket={} windowed={} {}",
         comm.rank(),
         comm.size(),
         comm.datapath().name(),
@@ -160,6 +160,7 @@ fn report(comm: &Comm) {
         user.bcast_group_acks,
         user.bcast_landed,
         user.bcast_chunks_received,
+        user.bcast_placed_from_socket,
         comm.attachment().is_some_and(|a| a.windows().is_some()) as u8,
         kernel.join(" "),
     );
