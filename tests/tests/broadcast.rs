@@ -236,6 +236,20 @@ fn every_size_from_every_root_on_each_datapath() {
     }
 }
 
+/// The largest size: 256 MiB, from a root in the middle, on the
+/// kernel datapath and in a mixed group.
+#[test]
+fn a_256_mib_broadcast_on_the_kernel_and_mixed_datapaths() {
+    let _serial = serial();
+    let cluster = Cluster::temporary(HOSTS).unwrap();
+    let cases = vec![format!("{}:3", 256 * MIB)];
+    for datapath_of in [kernel as fn(usize) -> &'static str, mixed] {
+        let reports = run_cases(&cluster, &datapath_of, &cases);
+        assert_eq!(total(&reports, "chunks_sent"), expected_chunks(&cases, &datapath_of));
+        assert_kernel_work(&reports, &cases, &datapath_of);
+    }
+}
+
 #[test]
 fn loss_and_duplication_are_repaired() {
     let _serial = serial();
