@@ -5,6 +5,12 @@
  * delivered to that host passes here once. A random draw drops a frame; a
  * second one duplicates it with bpf_clone_redirect to the same device. The
  * clone comes back through this hook carrying FAULT_MARK and is let through.
+ * A third one delays it: the frame gets skb->priority = delay_priority, the id
+ * of a slow HTB class that the loader put at the root of this device (TC
+ * egress runs before the root qdisc, and HTB takes a priority that names one
+ * of its classes as the class). Other frames leave through HTB's unshaped
+ * direct queue first, so frames sent later overtake the delayed one: it is
+ * reordered, not lost.
  * Only UDP frames whose destination port is in [port_lo, port_hi] are touched.
  */
 #include <linux/bpf.h>
@@ -22,6 +28,10 @@
 /* Set by the loader before the program is loaded. */
 volatile const __u32 drop_ppm = 0; /* frames dropped, parts per million */
 volatile const __u32 dup_ppm = 0; /* frames duplicated, parts per million */
+volatile const __u32 reorder_ppm = 0; /* frames delayed (reordered), parts per million */
+/* The slow class (major:minor) that delayed frames are queued in; only
+ * meaningful when reorder_ppm is not 0. */
+volatile const __u32 delay_priority = 0;
 volatile const __u16 port_lo = 0;
 volatile const __u16 port_hi = 65535;
 
@@ -29,7 +39,8 @@ enum fault_stat {
 	FAULT_STAT_SEEN = 0, /* frames in the faulted port range */
 	FAULT_STAT_DROPPED = 1,
 	FAULT_STAT_DUPLICATED = 2,
-	FAULT_STAT_MAX = 3,
+	FAULT_STAT_DELAYED = 3, /* sent through the slow class */
+	FAULT_STAT_MAX = 4,
 };
 
 struct {
@@ -76,6 +87,10 @@ int aggbox_fault(struct __sk_buff *skb)
 		skb->mark = 0;
 		return TC_ACT_OK; /* a duplicate we made: deliver it as it is */
 	}
+	/* Only the frames picked below take the slow class, so that the
+	 * delayed counter tells exactly which did. */
+	if (reorder_ppm && skb->priority == delay_priority)
+		skb->priority = 0;
 	if (!in_faulted_range(skb))
 		return TC_ACT_OK;
 	fault_count(FAULT_STAT_SEEN);
@@ -88,6 +103,11 @@ int aggbox_fault(struct __sk_buff *skb)
 		if (bpf_clone_redirect(skb, skb->ifindex, 0) == 0)
 			fault_count(FAULT_STAT_DUPLICATED);
 		skb->mark = 0;
+	}
+	/* After the clone: a duplicate leaves at once, its original maybe later. */
+	if (bpf_get_prandom_u32() % PER_MILLION < reorder_ppm) {
+		skb->priority = delay_priority;
+		fault_count(FAULT_STAT_DELAYED);
 	}
 	return TC_ACT_OK;
 }

@@ -54,7 +54,7 @@ pub enum Bench {
         /// Barriers per run.
         #[arg(long, default_value_t = 1000)]
         barriers: usize,
-        /// Faults on every host's link: "DROP%,DUP%".
+        /// Faults on every host's link: "DROP%,DUP%" or "DROP%,DUP%,REORDER%".
         #[arg(long)]
         faults: Option<String>,
     },

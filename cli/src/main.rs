@@ -76,7 +76,7 @@ enum ClusterAction {
         /// MTU of every link.
         #[arg(long, default_value_t = cluster::DEFAULT_MTU)]
         mtu: u32,
-        /// Inject faults on the frames delivered to every host: "DROP%,DUP%".
+        /// Inject faults on the frames delivered to every host: "DROP%,DUP%" or "DROP%,DUP%,REORDER%".
         #[arg(long)]
         faults: Option<String>,
     },
@@ -89,12 +89,7 @@ enum ClusterAction {
 }
 
 fn parse_faults(text: &str) -> Result<FaultSpec, String> {
-    let parts: Vec<f64> = text.split(',').map(|p| p.trim().trim_end_matches('%').parse()).collect::<Result<_, _>>()
-        .map_err(|_| format!("--faults {text:?}: expected DROP%,DUP% such as 10,2"))?;
-    match parts.as_slice() {
-        [drop, dup] if (0.0..=100.0).contains(drop) && (0.0..=100.0).contains(dup) => Ok(FaultSpec::percent(*drop, *dup)),
-        _ => Err(format!("--faults {text:?}: expected two percentages such as 10,2")),
-    }
+    text.parse::<FaultSpec>().map_err(|e| format!("--faults {text:?}: {e}"))
 }
 
 fn run(cli: Cli) -> Result<ExitCode, String> {

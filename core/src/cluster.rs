@@ -600,7 +600,9 @@ impl Cluster {
     }
 
     /// Replaces the faults on the frames delivered to every host with `spec`
-    /// ([`FaultSpec::NONE`] only counts them).
+    /// ([`FaultSpec::NONE`] only counts them). A spec that reorders also puts
+    /// the slow-path HTB qdisc of [`crate::fault`] at the root of every
+    /// bridge-side port; one that does not leaves the ports without a qdisc.
     pub fn inject_faults(&mut self, spec: FaultSpec) -> Result<()> {
         spec.validate()?;
         // Two fault programs on one port would compound.
@@ -615,7 +617,8 @@ impl Cluster {
         Ok(())
     }
 
-    /// Removes the faults, if any.
+    /// Removes the faults, if any: detaches the fault programs and removes
+    /// their slow-path qdiscs (frames still waiting there are lost).
     pub fn clear_faults(&mut self) {
         self.faults.clear();
     }
@@ -670,6 +673,8 @@ impl Drop for Cluster {
         if self.kept {
             return;
         }
+        // Before the namespaces go: each injector removes its qdisc in the
+        // switch namespace.
         self.clear_faults();
         self.xdp = None;
         for name in self.created.iter().rev() {

@@ -209,41 +209,42 @@ fn grow_receive_buffer(socket: &UdpSocket, bytes: libc::c_int) {
     assert_eq!(rc, 0, "SO_RCVBUFFORCE: {}", std::io::Error::last_os_error());
 }
 
-#[test]
-fn faults_drop_and_duplicate_what_they_count() {
-    const DATAGRAMS: u32 = 5000;
-    /// Datagrams sent between two pauses of the sender.
-    const BURST: u32 = 50;
-    const PAUSE: Duration = Duration::from_millis(1);
-    /// How long the receiver waits for stragglers once the sender is done.
-    const QUIET: Duration = Duration::from_millis(500);
-    const RECEIVE_BUFFER: libc::c_int = 16 << 20;
-    const SEQ_BYTES: usize = 4;
+/// Numbered datagrams the fault tests send.
+const DATAGRAMS: u32 = 5000;
+/// Datagrams sent between two pauses of the sender.
+const BURST: u32 = 50;
+/// The sender's pause after each burst.
+const PAUSE: Duration = Duration::from_millis(1);
+/// How long the receiver waits for stragglers once the sender is done.
+const QUIET: Duration = Duration::from_millis(500);
+/// Receive buffer of the fault tests' receivers: room for every datagram.
+const RECEIVE_BUFFER: libc::c_int = 16 << 20;
+/// A datagram of the fault tests is its number, big-endian.
+const SEQ_BYTES: usize = 4;
 
-    let mut cluster = Cluster::temporary(2).unwrap();
-    cluster.inject_faults(FaultSpec::percent(10.0, 2.0)).unwrap();
-
-    let receiver = bind(&cluster, 1, PORT);
+/// Sends [`DATAGRAMS`] datagrams numbered from 0, in bursts, from `sender`
+/// (a socket of host 0) to UDP port `port` of host 1, and returns the numbers
+/// host 1 received there, in the order they arrived.
+fn send_numbered(cluster: &Cluster, sender: &UdpSocket, port: u16) -> Vec<u32> {
+    let receiver = bind(cluster, 1, port);
     grow_receive_buffer(&receiver, RECEIVE_BUFFER);
     receiver.set_read_timeout(Some(QUIET)).unwrap();
-    let sender = bind(&cluster, 0, 0);
     let sending = Arc::new(AtomicBool::new(true));
 
     let reader = {
         let sending = Arc::clone(&sending);
         thread::spawn(move || {
-            let mut copies = vec![0u32; DATAGRAMS as usize];
+            let mut arrivals = Vec::with_capacity(DATAGRAMS as usize);
             let mut buf = [0u8; 64];
             loop {
                 match receiver.recv(&mut buf) {
                     Ok(len) => {
                         assert_eq!(len, SEQ_BYTES);
-                        let seq = u32::from_be_bytes(buf[..SEQ_BYTES].try_into().unwrap());
-                        copies[seq as usize] += 1;
+                        arrivals.push(u32::from_be_bytes(buf[..SEQ_BYTES].try_into().unwrap()));
                     }
                     Err(e) if matches!(e.kind(), std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut) => {
                         if !sending.load(Ordering::SeqCst) {
-                            return copies;
+                            return arrivals;
                         }
                     }
                     Err(e) => panic!("recv: {e}"),
@@ -251,19 +252,66 @@ fn faults_drop_and_duplicate_what_they_count() {
             }
         })
     };
-    let to = (cluster.host(1).ipv4, PORT);
-    let mut sent = 0u64;
+    let to = (cluster.host(1).ipv4, port);
     for seq in 0..DATAGRAMS {
         sender.send_to(&seq.to_be_bytes(), to).unwrap();
-        sent += 1;
         if seq % BURST == BURST - 1 {
             thread::sleep(PAUSE);
         }
     }
     sending.store(false, Ordering::SeqCst);
-    let copies = reader.join().unwrap();
+    reader.join().unwrap()
+}
 
-    let received: u64 = copies.iter().map(|&c| u64::from(c)).sum();
+/// How many copies of each number arrived.
+fn copies_of(arrivals: &[u32]) -> Vec<u32> {
+    let mut copies = vec![0u32; DATAGRAMS as usize];
+    for &seq in arrivals {
+        copies[seq as usize] += 1;
+    }
+    copies
+}
+
+/// How many arrivals came after one with a higher number.
+fn overtaken(arrivals: &[u32]) -> usize {
+    let mut highest = None;
+    let mut late = 0;
+    for &seq in arrivals {
+        if highest.is_some_and(|highest| seq < highest) {
+            late += 1;
+        }
+        highest = highest.max(Some(seq));
+    }
+    late
+}
+
+/// The qdiscs `tc` shows at the bridge-side port of `host`.
+fn port_qdiscs(cluster: &Cluster, host: usize) -> String {
+    let mut command = Command::new("tc");
+    command.args([
+        "-n",
+        &cluster.switch_netns(),
+        "qdisc",
+        "show",
+        "dev",
+        &cluster.host(host).port,
+    ]);
+    stdout_of(command)
+}
+
+#[test]
+fn faults_drop_and_duplicate_what_they_count() {
+    let mut cluster = Cluster::temporary(2).unwrap();
+    cluster.inject_faults(FaultSpec::percent(10.0, 2.0)).unwrap();
+    // Neither drop nor duplicate needs a qdisc.
+    assert!(!port_qdiscs(&cluster, 1).contains("htb"));
+
+    let sender = bind(&cluster, 0, 0);
+    let arrivals = send_numbered(&cluster, &sender, PORT);
+    let sent = u64::from(DATAGRAMS);
+    let copies = copies_of(&arrivals);
+
+    let received = arrivals.len() as u64;
     let distinct = copies.iter().filter(|&&c| c > 0).count() as u64;
     assert!(copies.iter().all(|&c| c <= 2), "a datagram came more than twice");
 
@@ -282,6 +330,7 @@ fn faults_drop_and_duplicate_what_they_count() {
     assert_eq!(distinct, sent - to_host1.dropped, "{to_host1:?}");
     assert_eq!(received - distinct, to_host1.duplicated, "{to_host1:?}");
     assert!(to_host1.dropped > 0 && to_host1.duplicated > 0, "{to_host1:?}");
+    assert_eq!(to_host1.delayed, 0, "{to_host1:?}");
     let dropped_fraction = to_host1.dropped as f64 / sent as f64;
     assert!((0.06..=0.14).contains(&dropped_fraction), "dropped {dropped_fraction}");
 
@@ -299,7 +348,8 @@ fn faults_drop_and_duplicate_what_they_count() {
         aggbox_core::fault::FaultStats {
             seen: 1,
             dropped: 0,
-            duplicated: 0
+            duplicated: 0,
+            delayed: 0,
         }
     );
     cluster.clear_faults();
@@ -307,11 +357,104 @@ fn faults_drop_and_duplicate_what_they_count() {
 }
 
 #[test]
+fn faults_reorder_without_loss_and_leave_no_qdisc() {
+    const REORDER_PERCENT: f64 = 10.0;
+    let mut cluster = Cluster::temporary(2).unwrap();
+    let prefix = cluster.prefix().to_string();
+    cluster
+        .inject_faults(FaultSpec::percent(0.0, 0.0).reorder(REORDER_PERCENT))
+        .unwrap();
+    for host in 0..2 {
+        let qdiscs = port_qdiscs(&cluster, host);
+        assert!(qdiscs.contains("qdisc htb ab0f: root"), "{qdiscs}");
+    }
+
+    // Reordered only: every datagram arrives once, some after later ones.
+    let sender = bind(&cluster, 0, 0);
+    let arrivals = send_numbered(&cluster, &sender, PORT);
+    let sent = u64::from(DATAGRAMS);
+    let stats = cluster.fault_stats().unwrap();
+    let to_host1 = stats[1];
+    let late = overtaken(&arrivals);
+    eprintln!(
+        "reorder only: sent {sent}, received {}, {late} overtaken; faults at host 1: {to_host1:?}",
+        arrivals.len()
+    );
+    assert_eq!(stats[0], Default::default(), "nothing was sent to host 0");
+    assert_eq!(arrivals.len() as u64, sent, "{to_host1:?}");
+    assert!(
+        copies_of(&arrivals).iter().all(|&c| c == 1),
+        "a datagram was lost or duplicated"
+    );
+    assert!(late > 0, "nothing arrived out of order: {to_host1:?}");
+    assert_eq!(to_host1.seen, sent, "{to_host1:?}");
+    assert_eq!((to_host1.dropped, to_host1.duplicated), (0, 0), "{to_host1:?}");
+    assert_eq!(to_host1.delivered(), sent);
+    let delayed_fraction = to_host1.delayed as f64 / sent as f64;
+    assert!((0.06..=0.14).contains(&delayed_fraction), "delayed {delayed_fraction}");
+
+    // Dropped, duplicated and reordered: the counters still say what arrived.
+    cluster
+        .inject_faults(FaultSpec::percent(10.0, 2.0).reorder(REORDER_PERCENT))
+        .unwrap();
+    let arrivals = send_numbered(&cluster, &sender, PORT + 1);
+    let to_host1 = cluster.fault_stats().unwrap()[1];
+    let copies = copies_of(&arrivals);
+    let (received, distinct) = (arrivals.len() as u64, copies.iter().filter(|&&c| c > 0).count() as u64);
+    let late = overtaken(&arrivals);
+    eprintln!("all faults: sent {sent}, received {received} ({distinct} distinct), {late} overtaken; {to_host1:?}");
+    assert_eq!(to_host1.seen, sent, "{to_host1:?}");
+    assert_eq!(received, to_host1.delivered(), "{to_host1:?}");
+    assert_eq!(distinct, sent - to_host1.dropped, "{to_host1:?}");
+    assert_eq!(received - distinct, to_host1.duplicated, "{to_host1:?}");
+    assert!(copies.iter().all(|&c| c <= 2), "a datagram came more than twice");
+    assert!(
+        to_host1.dropped > 0 && to_host1.duplicated > 0 && to_host1.delayed > 0,
+        "{to_host1:?}"
+    );
+    assert!(late > 0, "nothing arrived out of order: {to_host1:?}");
+
+    // Clearing the faults removes the qdisc; so does dropping the cluster.
+    cluster.clear_faults();
+    for host in 0..2 {
+        let qdiscs = port_qdiscs(&cluster, host);
+        assert!(!qdiscs.contains("htb"), "{qdiscs}");
+    }
+    cluster.inject_faults(FaultSpec::NONE.reorder(REORDER_PERCENT)).unwrap();
+    assert!(port_qdiscs(&cluster, 1).contains("htb"));
+    // Faults that do not reorder take the qdisc away.
+    cluster.inject_faults(FaultSpec::percent(1.0, 0.0)).unwrap();
+    assert!(!port_qdiscs(&cluster, 1).contains("htb"));
+    cluster.inject_faults(FaultSpec::NONE.reorder(REORDER_PERCENT)).unwrap();
+    drop((sender, cluster));
+    assert_eq!(netns_of(&prefix), Vec::<String>::new());
+}
+
+#[test]
+fn reordering_cluster_dropped_during_a_panic_removes_all() {
+    let mut prefix = None;
+    let outcome = panic::catch_unwind(AssertUnwindSafe(|| {
+        let mut cluster = Cluster::temporary(2).unwrap();
+        prefix = Some(cluster.prefix().to_string());
+        cluster
+            .inject_faults(FaultSpec::percent(1.0, 1.0).reorder(5.0))
+            .unwrap();
+        assert!(port_qdiscs(&cluster, 0).contains("htb"));
+        panic!("a test failing with reordering faults injected");
+    }));
+    assert!(outcome.is_err());
+    let prefix = prefix.expect("the cluster was made");
+    assert_eq!(netns_of(&prefix), Vec::<String>::new());
+}
+
+#[test]
 fn kept_cluster_outlives_its_value_until_down() {
     let prefix = format!("abk{}", std::process::id());
     let _guard = DownOnDrop(prefix.clone());
     let mut cluster = Cluster::up(ClusterSpec::new(&prefix, 2).with_mtu(JUMBO_MTU)).unwrap();
-    cluster.inject_faults(FaultSpec::percent(1.0, 1.0)).unwrap();
+    cluster
+        .inject_faults(FaultSpec::percent(1.0, 1.0).reorder(1.0))
+        .unwrap();
 
     // A second cluster of the same prefix is refused and leaves the first alone.
     assert!(Cluster::up(ClusterSpec::new(&prefix, 1)).is_err());
@@ -332,6 +475,9 @@ fn kept_cluster_outlives_its_value_until_down() {
         let mut xdp = Command::new("ip");
         xdp.args(["-n", &switch, "-d", "link", "show", "dev", port]);
         assert!(stdout_of(xdp).contains("prog/xdp"), "XDP gone from {port}");
+        let mut qdiscs = Command::new("tc");
+        qdiscs.args(["-n", &switch, "qdisc", "show", "dev", port]);
+        assert!(stdout_of(qdiscs).contains("htb"), "slow path gone from {port}");
     }
 
     assert_eq!(cluster::down(&prefix).unwrap(), 3);

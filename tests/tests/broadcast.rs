@@ -251,10 +251,10 @@ fn a_256_mib_broadcast_on_the_kernel_and_mixed_datapaths() {
 }
 
 #[test]
-fn loss_and_duplication_are_repaired() {
+fn loss_duplication_and_reordering_are_repaired() {
     let _serial = serial();
     let mut cluster = Cluster::temporary(HOSTS).unwrap();
-    cluster.inject_faults(FaultSpec::percent(10.0, 2.0)).unwrap();
+    cluster.inject_faults(FaultSpec::percent(10.0, 2.0).reorder(5.0)).unwrap();
     let mut cases: Vec<String> = [0, 1, P - 1, P, P + 1, MIB + 7].iter().map(|s| format!("{s}:all")).collect();
     cases.push(format!("{}:5", 64 * MIB));
     for datapath_of in [user as fn(usize) -> &'static str, kernel, mixed] {
@@ -263,7 +263,11 @@ fn loss_and_duplication_are_repaired() {
         let after = cluster.fault_stats().unwrap();
         let dropped: u64 = after.iter().zip(&before).map(|(a, b)| a.dropped - b.dropped).sum();
         let duplicated: u64 = after.iter().zip(&before).map(|(a, b)| a.duplicated - b.duplicated).sum();
-        assert!(dropped > 0 && duplicated > 0, "the fault program dropped {dropped} and duplicated {duplicated}");
+        let delayed: u64 = after.iter().zip(&before).map(|(a, b)| a.delayed - b.delayed).sum();
+        assert!(
+            dropped > 0 && duplicated > 0 && delayed > 0,
+            "the fault program dropped {dropped}, duplicated {duplicated} and delayed (reordered) {delayed}"
+        );
         assert!(total(&reports, "retransmits") > 0, "the loss was repaired by retransmissions: {reports:?}");
         assert!(total(&reports, "duplicates") > 0, "duplicates were seen and not placed twice");
         assert_eq!(total(&reports, "chunks_sent"), expected_chunks(&cases, &datapath_of), "first transmissions");
