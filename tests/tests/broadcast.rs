@@ -236,6 +236,38 @@ fn every_size_from_every_root_on_each_datapath() {
     }
 }
 
+/// With every receiver in its call before the root starts (a barrier
+/// between broadcasts) and broadcasts of at most one window, no receiving
+/// process lags, so XDP places every chunk: not one data packet reaches a
+/// receiver's socket, and the root's XDP folds every ACK.
+#[test]
+fn no_data_packet_reaches_a_kernel_receivers_socket() {
+    let _serial = serial();
+    let cluster = Cluster::temporary(HOSTS).unwrap();
+    let window = aggbox_core::maps::RX_WINDOW as usize;
+    let cases: Vec<String> = [0, 1, P - 1, P, P + 1, 64 << 10, window * P].iter().map(|s| format!("{s}:all")).collect();
+    let mut args = case_args(&cases);
+    args.push("--barrier".into());
+    let ranks = spawn(&cluster, &kernel, &args, &[]);
+    let reports: Vec<_> = ranks
+        .into_iter()
+        .enumerate()
+        .map(|(i, rank)| {
+            let (code, lines) = rank.finish(Duration::from_secs(120));
+            assert_eq!(code, 0, "rank {i}: {lines:?}");
+            assert_eq!(lines.iter().filter(|l| l.contains(" match=1 ")).count(), broadcasts_in(&cases), "rank {i}");
+            fields(lines.iter().find(|l| l.starts_with("report ")).expect("report line"))
+        })
+        .collect();
+    for (i, report) in reports.iter().enumerate() {
+        assert_eq!(number(report, "chunks_received"), 0, "rank {i}: data packets on its socket: {report:?}");
+        assert_eq!(number(report, "placed_from_socket"), 0, "rank {i}");
+    }
+    assert_eq!(total(&reports, "k_placed"), deliveries(&cases), "XDP placed every delivery");
+    assert_eq!(total(&reports, "k_cloned"), expected_fanout_copies(&cases, &(kernel as fn(usize) -> &'static str)));
+    assert!(total(&reports, "k_acks_folded") >= deliveries(&cases), "every delivery's ACK folded by a root's XDP");
+}
+
 /// The largest size: 256 MiB, from a root in the middle, on the
 /// kernel datapath and in a mixed group.
 #[test]

@@ -2,7 +2,7 @@
 //! environment (RANK, WORLD_SIZE, MASTER_ADDR, AGGBOX_DATAPATH, …), runs
 //! broadcasts and checks every byte.
 //!
-//! `aggbox-bcast-rank --seed N --case SIZE:ROOTS [--case …] [--forever] [--mismatch count|root --at RANK]`
+//! `aggbox-bcast-rank --seed N --case SIZE:ROOTS [--case …] [--forever] [--barrier] [--mismatch count|root --at RANK]`
 //! - each `--case` broadcasts SIZE bytes (u8) from each root of ROOTS
 //!   (`all`, or a comma-separated list), in order. The root's buffer is
 //!   `fill_random` of `case_seed(N, root, SIZE)`; every other rank fills its
@@ -13,6 +13,7 @@
 //!   retransmits=… duplicates=… chunks_sent=… acks_received=… sent=…
 //!   received=… xdp_accepted=…`;
 //! - `--forever`: repeats the first case until a broadcast fails;
+//! - `--barrier`: a barrier before each broadcast;
 //! - `--mismatch count --at R`: rank R calls with one byte more;
 //!   `--mismatch root --at R`: rank R calls with itself as root.
 //!
@@ -35,6 +36,7 @@ struct Args {
     seed: u64,
     cases: Vec<Case>,
     forever: bool,
+    barrier: bool,
     mismatch: Option<(String, usize)>,
 }
 
@@ -49,7 +51,7 @@ fn parse_case(text: &str, ranks: usize) -> Case {
 }
 
 fn parse_args(ranks: usize) -> Args {
-    let mut args = Args { seed: 1, cases: Vec::new(), forever: false, mismatch: None };
+    let mut args = Args { seed: 1, cases: Vec::new(), forever: false, barrier: false, mismatch: None };
     let argv: Vec<String> = std::env::args().skip(1).collect();
     let value = |i: usize| argv.get(i + 1).cloned().unwrap_or_else(|| panic!("{} needs a value", argv[i]));
     let mut mismatch_kind = None;
@@ -63,6 +65,11 @@ fn parse_args(ranks: usize) -> Args {
             "--at" => at = Some(value(i).parse().expect("a rank")),
             "--forever" => {
                 args.forever = true;
+                i += 1;
+                continue;
+            }
+            "--barrier" => {
+                args.barrier = true;
                 i += 1;
                 continue;
             }
@@ -173,6 +180,9 @@ fn main() {
     loop {
         for case in &args.cases {
             for &root in &case.roots {
+                if args.barrier {
+                    comm.barrier().unwrap_or_else(|e| fail(&e));
+                }
                 broadcast(&mut comm, &args, case.size, root, &mut buf, &mut expected);
             }
             if args.forever {
