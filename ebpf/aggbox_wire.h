@@ -32,7 +32,13 @@ enum aggbox_kind {
 	AGGBOX_KIND_BCAST_ACK = 7, /* receiver -> root: "I hold chunk `chunk` of `seq`" */
 	AGGBOX_KIND_BCAST_ABORT = 8, /* any -> any: "broadcast `seq` failed: rank `count`" */
 	AGGBOX_KIND_BCAST_LANDED = 9, /* XDP -> its own host's socket: chunks landed in the window */
-	AGGBOX_KIND_MAX = 10, /* first unused value */
+	/* Reductions (allreduce, reduce, reduce-scatter, allgather; docs/ALLREDUCE.md).
+	 * `op` is (collective << 4 | reduce op), `count` the operation's elements. */
+	AGGBOX_KIND_RED_DATA = 10, /* rank -> owner: its contribution to chunk `chunk` of `seq` */
+	AGGBOX_KIND_RED_RESULT = 11, /* owner -> rank: the result of chunk `chunk` of `seq` */
+	AGGBOX_KIND_RED_DONE = 12, /* owner -> contributor: "chunk `chunk` of `seq` is complete" */
+	AGGBOX_KIND_RED_ABORT = 13, /* any -> any: "reduction `seq` failed: rank `count`" */
+	AGGBOX_KIND_MAX = 14, /* first unused value */
 };
 
 /* Header flags. */

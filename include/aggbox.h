@@ -446,6 +446,23 @@ typedef struct aggbox_stats {
    * polls).
    */
   uint64_t syscalls;
+  /**
+   * Reductions completed (allreduce, reduce, reduce-scatter).
+   */
+  uint64_t reductions;
+  /**
+   * Reduction contributions sent to chunks' owners, first transmissions
+   * only (repeats count in `retransmits`).
+   */
+  uint64_t reduce_contributions_sent;
+  /**
+   * Contributions this rank folded as a chunk's owner, in user space.
+   */
+  uint64_t reduce_folded;
+  /**
+   * Results this rank sent as a chunk's owner (repeats included).
+   */
+  uint64_t reduce_results_sent;
 } aggbox_stats;
 
 #ifdef __cplusplus

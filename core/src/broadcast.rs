@@ -39,7 +39,7 @@ use std::{
 };
 
 use crate::{
-    comm::{Backoff, Received},
+    comm::{receiver_grace, Backoff, Received},
     dtype::{as_bytes_mut, Dtype, Element},
     loader::Attachment,
     maps::RX_WINDOW,
@@ -81,12 +81,6 @@ pub fn chunk_bytes(index: usize, bytes: usize, chunk: usize) -> Range<usize> {
     start..start.saturating_add(chunk).min(bytes)
 }
 
-/// How much longer than the timeout a receiver waits for a silent root
-/// before blaming it: the root blames a dead receiver after the timeout,
-/// and its `BCAST_ABORT` must reach the others before they give up on it.
-fn receiver_grace(timeout: Duration) -> Duration {
-    (timeout / 8).clamp(Duration::from_millis(200), Duration::from_secs(2))
-}
 
 /// A set of ranks, as a bitmap.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -1329,14 +1323,12 @@ mod tests {
     };
 
     use super::*;
+    use crate::comm::testing::{loopback, ranks};
     use crate::{
         rendezvous::{self, GroupInfo, PeerInfo},
-        Config, Datapath, Status,
+        Datapath, Status,
     };
 
-    fn loopback(rank: usize, n: usize, master_port: u16, timeout_ms: u64) -> Config {
-        Config { rank, world_size: n, master_port, timeout: Duration::from_millis(timeout_ms), ..Config::default() }
-    }
 
     /// A buffer of `len` bytes from `seed` (xorshift).
     fn pattern(len: usize, seed: u64) -> Vec<u8> {
@@ -1459,25 +1451,6 @@ mod tests {
     }
 
     /// Runs `f(rank, comm)` on `n` loopback ranks, each in its thread.
-    fn ranks<T: Send + 'static>(
-        n: usize,
-        port: u16,
-        timeout_ms: u64,
-        f: impl Fn(usize, &mut Comm) -> T + Send + Sync + 'static,
-    ) -> Vec<T> {
-        let f = std::sync::Arc::new(f);
-        let handles: Vec<_> = (0..n)
-            .map(|rank| {
-                let f = f.clone();
-                thread::spawn(move || {
-                    let mut comm = Comm::new(loopback(rank, n, port, timeout_ms)).unwrap();
-                    assert_eq!(comm.datapath(), Datapath::User);
-                    f(rank, &mut comm)
-                })
-            })
-            .collect();
-        handles.into_iter().map(|h| h.join().unwrap()).collect()
-    }
 
     #[test]
     fn broadcasts_of_every_size_from_every_root() {

@@ -15,6 +15,7 @@ use std::{
 
 use crate::{
     broadcast::BcastState,
+    reduce::ReduceState,
     loader::Attachment,
     netif::{self, Interface},
     rendezvous::{self, GroupInfo, PeerInfo},
@@ -37,6 +38,14 @@ const CLOSE_RTO_MAX: Duration = Duration::from_millis(10);
 /// How long a rank tries to close with a rank 0 that an operation already
 /// found unresponsive.
 const CLOSE_SUSPECT_WAIT: Duration = Duration::from_millis(500);
+
+/// How much longer than the timeout a rank waits for a silent peer that may
+/// itself be waiting for someone (a broadcast's root, a chunk's owner)
+/// before blaming it: that peer blames the dead rank after the timeout, and
+/// its abort must reach the others before they give up on it.
+pub(crate) fn receiver_grace(timeout: Duration) -> Duration {
+    (timeout / 8).clamp(Duration::from_millis(200), Duration::from_secs(2))
+}
 
 /// Exponential retransmission timer: 1 ms, 2 ms, 4 ms, … up to 50 ms.
 pub(crate) struct Backoff {
@@ -105,6 +114,8 @@ pub struct Comm {
     pub(crate) chunk: usize,
     /// What broadcast keeps between calls.
     pub(crate) bcast: BcastState,
+    /// What the reductions keep between calls.
+    pub(crate) red: ReduceState,
     /// Sequence number of the last barrier entered.
     pub(crate) barrier_seq: u32,
     /// Sequence number of the last barrier rank 0 completed (released).
@@ -175,6 +186,7 @@ impl Comm {
             rx_next: 0,
             chunk,
             bcast: BcastState::new(n, chunk),
+            red: ReduceState::new(n),
             barrier_seq: 0,
             barrier_done: 0,
             barrier_aborted: None,
@@ -412,6 +424,7 @@ impl Comm {
                 Ok(true)
             }
             Kind::BcastData | Kind::BcastAck | Kind::BcastAbort => self.serve_stale_bcast(got),
+            Kind::RedData => self.serve_stale_reduce(got),
             _ => Ok(false),
         }
     }
@@ -527,6 +540,40 @@ impl Drop for Comm {
         // Unregister the port (and detach, if last) while the socket still
         // holds it, so no other process can have bound it meanwhile.
         drop(self.attachment.take());
+    }
+}
+
+/// Ranks on loopback, one thread each, for the collectives' unit tests.
+#[cfg(test)]
+pub(crate) mod testing {
+    use std::{thread, time::Duration};
+
+    use crate::{Comm, Config, Datapath};
+
+    pub(crate) fn loopback(rank: usize, n: usize, master_port: u16, timeout_ms: u64) -> Config {
+        Config { rank, world_size: n, master_port, timeout: Duration::from_millis(timeout_ms), ..Config::default() }
+    }
+
+    /// Runs `f` on `n` ranks (threads) of one loopback group; returns what
+    /// each returned, by rank.
+    pub(crate) fn ranks<T: Send + 'static>(
+        n: usize,
+        port: u16,
+        timeout_ms: u64,
+        f: impl Fn(usize, &mut Comm) -> T + Send + Sync + 'static,
+    ) -> Vec<T> {
+        let f = std::sync::Arc::new(f);
+        let handles: Vec<_> = (0..n)
+            .map(|rank| {
+                let f = f.clone();
+                thread::spawn(move || {
+                    let mut comm = Comm::new(loopback(rank, n, port, timeout_ms)).unwrap();
+                    assert_eq!(comm.datapath(), Datapath::User);
+                    f(rank, &mut comm)
+                })
+            })
+            .collect();
+        handles.into_iter().map(|h| h.join().unwrap()).collect()
     }
 }
 

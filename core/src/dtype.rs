@@ -106,6 +106,13 @@ macro_rules! elements {
 
 elements!(u8 => U8, i32 => I32, i64 => I64, u32 => U32, u64 => U64, f32 => F32, f64 => F64);
 
+/// The bytes of a slice of elements.
+pub fn as_bytes<T: Element>(elements: &[T]) -> &[u8] {
+    // SAFETY: `Element` types have no padding; the byte slice covers
+    // exactly the elements' memory and borrows it.
+    unsafe { std::slice::from_raw_parts(elements.as_ptr().cast::<u8>(), std::mem::size_of_val(elements)) }
+}
+
 /// The bytes of a slice of elements, for writing.
 pub fn as_bytes_mut<T: Element>(elements: &mut [T]) -> &mut [u8] {
     // SAFETY: `Element` types have no padding and accept every bit pattern;

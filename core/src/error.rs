@@ -52,6 +52,19 @@ impl Error {
         Error::System { context: context.into(), source }
     }
 
+    /// The same error, its message prefixed with `what` (`"allgather: …"`).
+    pub fn context(self, what: &str) -> Error {
+        match self {
+            Error::InvalidArgument(m) => Error::InvalidArgument(format!("{what}: {m}")),
+            Error::Mismatch(m) => Error::Mismatch(format!("{what}: {m}")),
+            Error::Timeout(m) => Error::Timeout(format!("{what}: {m}")),
+            Error::PeerFailed { rank, what: w } => Error::PeerFailed { rank, what: format!("{what}: {w}") },
+            Error::System { context, source } => Error::System { context: format!("{what}: {context}"), source },
+            Error::Unsupported(m) => Error::Unsupported(format!("{what}: {m}")),
+            Error::Internal(m) => Error::Internal(format!("{what}: {m}")),
+        }
+    }
+
     /// The `errno`-style numeric status of this error, as the C ABI reports it.
     pub fn status(&self) -> Status {
         match self {

@@ -11,7 +11,9 @@
 //! - [`rendezvous`]: how ranks find each other (env + TCP store);
 //! - [`transport`]: the UDP socket a communicator sends and receives on;
 //! - [`comm`]: the communicator and its collectives; [`broadcast`] holds
-//!   the broadcast protocol, [`dtype`] the element types of buffers;
+//!   the broadcast protocol, [`reduce`] allreduce, reduce, reduce-scatter
+//!   and allgather, [`op`] the reduction operators, [`dtype`] the element
+//!   types of buffers;
 //! - [`cluster`], [`fault`]: the virtual cluster of network namespaces and
 //!   fault injection, for tests, demos and benchmarks;
 //! - [`doctor`]: what this host supports, and the fix for what it lacks;
@@ -32,6 +34,8 @@ pub mod fault;
 pub mod loader;
 pub mod maps;
 pub mod netif;
+pub mod op;
+pub mod reduce;
 pub mod rendezvous;
 pub mod stats;
 pub mod testrun;
@@ -46,6 +50,7 @@ pub use comm::Comm;
 pub use config::{Config, Datapath};
 pub use dtype::{Dtype, Element};
 pub use error::{Error, Result, Status};
+pub use op::ReduceOp;
 pub use stats::Stats;
 
 /// The version of this library.

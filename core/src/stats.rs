@@ -49,6 +49,15 @@ pub struct UserStats {
     /// chunk to user space when the process lags behind the root by a
     /// window or by two broadcasts (docs/BROADCAST.md).
     pub bcast_placed_from_socket: u64,
+    /// Reductions completed (allreduce, reduce, reduce-scatter).
+    pub reductions: u64,
+    /// Reduction contributions sent to chunks' owners, first transmissions
+    /// only (repeats count in `retransmits`).
+    pub reduce_contributions_sent: u64,
+    /// Contributions this rank folded as a chunk's owner, in user space.
+    pub reduce_folded: u64,
+    /// Results this rank sent as a chunk's owner (repeats included).
+    pub reduce_results_sent: u64,
     /// System calls the communicator made on its socket (sends, receives,
     /// polls): divided by the operations, the benchmarks' syscalls per
     /// operation.

@@ -64,6 +64,15 @@ pub enum Kind {
     /// XDP -> its own host's socket: chunks of broadcast `seq` landed in the
     /// receive window (`count` of them); `chunk` is one it did not ACK.
     BcastLanded = 9,
+    /// rank -> owner: its contribution to chunk `chunk` of reduction `seq`.
+    RedData = 10,
+    /// owner -> rank: the result of chunk `chunk` of reduction `seq`.
+    RedResult = 11,
+    /// owner -> contributor: "chunk `chunk` of `seq` is complete" (to a
+    /// contributor that gets no result of it).
+    RedDone = 12,
+    /// any -> any: "reduction `seq` failed: rank `count`".
+    RedAbort = 13,
 }
 
 impl Kind {
@@ -79,6 +88,10 @@ impl Kind {
             7 => Kind::BcastAck,
             8 => Kind::BcastAbort,
             9 => Kind::BcastLanded,
+            10 => Kind::RedData,
+            11 => Kind::RedResult,
+            12 => Kind::RedDone,
+            13 => Kind::RedAbort,
             _ => return None,
         })
     }
@@ -218,6 +231,10 @@ mod tests {
                 "AGGBOX_KIND_BCAST_ACK",
                 "AGGBOX_KIND_BCAST_ABORT",
                 "AGGBOX_KIND_BCAST_LANDED",
+                "AGGBOX_KIND_RED_DATA",
+                "AGGBOX_KIND_RED_RESULT",
+                "AGGBOX_KIND_RED_DONE",
+                "AGGBOX_KIND_RED_ABORT",
                 "AGGBOX_KIND_MAX",
             ]
             .map(String::from),
@@ -257,7 +274,11 @@ mod tests {
             Kind::BcastAck as u64,
             Kind::BcastAbort as u64,
             Kind::BcastLanded as u64,
-            Kind::BcastLanded as u64 + 1,
+            Kind::RedData as u64,
+            Kind::RedResult as u64,
+            Kind::RedDone as u64,
+            Kind::RedAbort as u64,
+            Kind::RedAbort as u64 + 1,
         ];
         assert_eq!(rust, c);
     }

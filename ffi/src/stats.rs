@@ -148,6 +148,15 @@ pub struct aggbox_stats {
     /// System calls the communicator made on its socket (sends, receives,
     /// polls).
     pub syscalls: u64,
+    /// Reductions completed (allreduce, reduce, reduce-scatter).
+    pub reductions: u64,
+    /// Reduction contributions sent to chunks' owners, first transmissions
+    /// only (repeats count in `retransmits`).
+    pub reduce_contributions_sent: u64,
+    /// Contributions this rank folded as a chunk's owner, in user space.
+    pub reduce_folded: u64,
+    /// Results this rank sent as a chunk's owner (repeats included).
+    pub reduce_results_sent: u64,
 }
 
 /// The smallest `size` accepted: up to and including `datapath`.
@@ -175,6 +184,10 @@ impl aggbox_stats {
             bcast_chunks_received,
             bcast_placed_from_socket,
             syscalls,
+            reductions,
+            reduce_contributions_sent,
+            reduce_folded,
+            reduce_results_sent,
         } = stats.user;
         aggbox_stats {
             size,
@@ -196,6 +209,10 @@ impl aggbox_stats {
             bcast_chunks_received,
             bcast_placed_from_socket,
             syscalls,
+            reductions,
+            reduce_contributions_sent,
+            reduce_folded,
+            reduce_results_sent,
         }
     }
 
@@ -235,7 +252,11 @@ impl aggbox_stats {
             bcast_from_kernel,
             bcast_chunks_received,
             bcast_placed_from_socket,
-            syscalls
+            syscalls,
+            reductions,
+            reduce_contributions_sent,
+            reduce_folded,
+            reduce_results_sent
         );
     }
 }

@@ -1,0 +1,981 @@
+//! The reduction family: allreduce, reduce, reduce-scatter and allgather
+//! (docs/ALLREDUCE.md).
+//!
+//! Aggregation is sharded. The vector is cut into chunks of the group's
+//! chunk size, and each chunk has one owner: chunk `c` is reduced at rank
+//! `c % N` (allreduce, reduce), or at the rank whose block holds it
+//! (reduce-scatter). Every other rank sends the owner its contribution
+//! (`RED_DATA`). The owner folds each contribution once (a bitmap of
+//! contributors per chunk), and when the last one arrives it sends the
+//! result (`RED_RESULT`) to the ranks that need it and `RED_DONE` to the
+//! other contributors. A result or a DONE is also the contributor's
+//! acknowledgment: a contributor sends its contributions in a window, and
+//! on a retransmission timeout it sends again those not yet acknowledged.
+//! The owner answers a repeat of a completed chunk with its result (or
+//! DONE) again, from a copy it keeps until the operation after next
+//! (`acc`, two of them by sequence parity), so a rank that lost a result
+//! gets it even after the owner returned. A contribution of the next
+//! operation that arrives before this rank called it is kept and replayed
+//! when the call comes.
+//!
+//! Allgather is one broadcast per rank of that rank's block (the
+//! broadcast's windows, retransmissions and, on the kernel datapath, its
+//! fan-out and placement).
+//!
+//! This is the user datapath. On the kernel datapath the datagrams are the
+//! same and pass the XDP and TC checks; the owners' sums are not yet done in
+//! the kernel.
+
+use std::{ops::Range, time::Instant};
+
+use crate::{
+    comm::{receiver_grace, Backoff, Comm, Received},
+    dtype::{as_bytes, as_bytes_mut, Dtype, Element},
+    op::{self, ReduceOp},
+    wire::{Header, Kind, FLAG_MISMATCH, FLAG_RETRANSMIT, HDR_LEN},
+    Error, Result,
+};
+
+/// Contributions a rank keeps in flight: chunks past the first one not yet
+/// acknowledged.
+const WINDOW: usize = 256;
+
+/// Contributions sent again per retransmission timeout, the oldest first:
+/// the window's head is what holds everyone up.
+const RESEND_MAX: usize = 64;
+
+/// Copies of each `RED_ABORT` sent (it is not acknowledged).
+const ABORT_COPIES: usize = 3;
+
+/// Datagrams of the next operation a rank keeps before calling it.
+const EARLY_MAX: usize = 1024;
+
+/// Which collective of the family (the high nibble of the header's `op`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[repr(u8)]
+enum Collective {
+    Allreduce = 1,
+    Reduce = 2,
+    ReduceScatter = 3,
+}
+
+impl Collective {
+    fn name(self) -> &'static str {
+        match self {
+            Collective::Allreduce => "allreduce",
+            Collective::Reduce => "reduce",
+            Collective::ReduceScatter => "reduce-scatter",
+        }
+    }
+}
+
+/// The geometry of one call, the same on every rank that agrees on it.
+#[derive(Clone, Copy, Debug)]
+struct Plan {
+    seq: u32,
+    coll: Collective,
+    dtype: Dtype,
+    op: ReduceOp,
+    /// The rank that gets the result (reduce).
+    root: usize,
+    ranks: usize,
+    me: usize,
+    /// Elements of the whole vector.
+    count: usize,
+    /// Reduce-scatter: elements of each rank's block.
+    block: usize,
+    /// Elements per chunk.
+    per_chunk: usize,
+    /// Reduce-scatter: chunks per block.
+    per_block: usize,
+    nchunks: usize,
+}
+
+impl Plan {
+    fn owner(&self, chunk: usize) -> usize {
+        match self.coll {
+            Collective::Allreduce | Collective::Reduce => chunk % self.ranks,
+            Collective::ReduceScatter => chunk / self.per_block,
+        }
+    }
+
+    /// The elements of chunk `chunk` in the whole vector.
+    fn elements(&self, chunk: usize) -> Range<usize> {
+        match self.coll {
+            Collective::Allreduce | Collective::Reduce => {
+                chunk * self.per_chunk..((chunk + 1) * self.per_chunk).min(self.count)
+            }
+            Collective::ReduceScatter => {
+                let (b, k) = (chunk / self.per_block, chunk % self.per_block);
+                b * self.block + k * self.per_chunk..b * self.block + ((k + 1) * self.per_chunk).min(self.block)
+            }
+        }
+    }
+
+    /// The bytes of chunk `chunk` in the whole vector.
+    fn bytes(&self, chunk: usize) -> Range<usize> {
+        let e = self.elements(chunk);
+        e.start * self.dtype.size()..e.end * self.dtype.size()
+    }
+
+    /// Whether `rank` gets the result of chunk `chunk` (it is not its owner).
+    fn recipient(&self, rank: usize, chunk: usize) -> bool {
+        rank != self.owner(chunk)
+            && match self.coll {
+                Collective::Allreduce => true,
+                Collective::Reduce => rank == self.root,
+                Collective::ReduceScatter => false,
+            }
+    }
+
+    /// The chunks this rank owns, in order, and the index of `chunk` among
+    /// them (its place in the accumulator).
+    fn owned_index(&self, chunk: usize) -> usize {
+        match self.coll {
+            Collective::Allreduce | Collective::Reduce => chunk / self.ranks,
+            Collective::ReduceScatter => chunk % self.per_block,
+        }
+    }
+
+    fn owned_chunks(&self) -> impl Iterator<Item = usize> + '_ {
+        let me = self.me;
+        let (start, step, end) = match self.coll {
+            Collective::Allreduce | Collective::Reduce => (me, self.ranks, self.nchunks),
+            Collective::ReduceScatter => (me * self.per_block, 1, (me + 1) * self.per_block),
+        };
+        (start..end).step_by(step)
+    }
+
+    /// Where chunk `chunk` starts in the owner's accumulator, in bytes.
+    fn acc_offset(&self, chunk: usize) -> usize {
+        self.owned_index(chunk) * self.per_chunk * self.dtype.size()
+    }
+
+    /// The header's `op` byte: the collective and the operator.
+    fn op_code(&self) -> u8 {
+        (self.coll as u8) << 4 | self.op.code()
+    }
+
+    fn name(&self) -> String {
+        format!("{} #{}", self.coll.name(), self.seq)
+    }
+
+    fn describe(&self) -> String {
+        let root = if self.coll == Collective::Reduce { format!(", root {}", self.root) } else { String::new() };
+        format!("{} of {} {} elements, op {}{root}", self.coll.name(), self.count, self.dtype, self.op)
+    }
+}
+
+/// A datagram of the next operation, kept until it is called.
+#[derive(Debug)]
+struct Early {
+    headers: Vec<Header>,
+    /// Their payloads, one `chunk`-sized slot each.
+    data: Vec<u8>,
+    lens: Vec<usize>,
+}
+
+/// What the reduction family keeps in the communicator between calls.
+#[derive(Debug)]
+pub(crate) struct ReduceState {
+    /// Sequence number of the last reduction called.
+    seq: u32,
+    /// The plan of the last reduction this rank completed, and whether it
+    /// did (a repeat of its contribution is answered from `acc`).
+    last: Option<Plan>,
+    /// The owner's accumulators, by sequence parity.
+    acc: [Vec<u8>; 2],
+    /// Per chunk: result (or acknowledgment) received; for owned chunks,
+    /// complete.
+    done: Vec<bool>,
+    /// Per owned chunk: contributors folded (bit per rank) and how many.
+    folded: Vec<u64>,
+    folded_count: Vec<u16>,
+    /// Per rank: when a datagram of this operation last came from it.
+    heard: Vec<Instant>,
+    early: Early,
+}
+
+impl ReduceState {
+    pub(crate) fn new(ranks: usize) -> ReduceState {
+        ReduceState {
+            seq: 0,
+            last: None,
+            acc: [Vec::new(), Vec::new()],
+            done: Vec::new(),
+            folded: Vec::new(),
+            folded_count: Vec::new(),
+            heard: vec![Instant::now(); ranks],
+            early: Early { headers: Vec::new(), data: Vec::new(), lens: Vec::new() },
+        }
+    }
+}
+
+/// Words of a contributor bitmap.
+fn words(ranks: usize) -> usize {
+    ranks.div_ceil(64)
+}
+
+/// Where a call's contributions come from and its results go.
+enum Bufs<'a> {
+    /// Allreduce, and reduce at the root: one buffer, in place.
+    InPlace(&'a mut [u8]),
+    /// Reduce at another rank: contributions only.
+    Input(&'a [u8]),
+    /// Reduce-scatter: the whole vector in, this rank's block out.
+    Split(&'a [u8], &'a mut [u8]),
+}
+
+impl Bufs<'_> {
+    fn input(&self) -> &[u8] {
+        match self {
+            Bufs::InPlace(buf) => buf,
+            Bufs::Input(input) | Bufs::Split(input, _) => input,
+        }
+    }
+}
+
+impl Comm {
+    /// Reduces `buf` across every rank with `op`, in place: when it returns,
+    /// every rank's `buf` holds `op` over the ranks' buffers, element by
+    /// element (as `MPI_Allreduce` with `MPI_IN_PLACE`). Every rank calls it
+    /// with the same length, `dtype` and `op`, in the same order as its
+    /// other collectives.
+    pub fn allreduce(&mut self, buf: &mut [u8], dtype: Dtype, op: ReduceOp) -> Result<()> {
+        let plan = self.red_plan(Collective::Allreduce, buf.len(), 0, dtype, op, 0)?;
+        self.red_run(plan, Bufs::InPlace(buf))
+    }
+
+    /// [`Comm::allreduce`] from `send` into `recv` (the same length).
+    pub fn allreduce_from(&mut self, send: &[u8], recv: &mut [u8], dtype: Dtype, op: ReduceOp) -> Result<()> {
+        if send.len() != recv.len() {
+            return Err(Error::InvalidArgument(format!(
+                "allreduce: the send buffer has {} bytes and the receive buffer {}",
+                send.len(),
+                recv.len()
+            )));
+        }
+        let plan = self.red_plan(Collective::Allreduce, recv.len(), 0, dtype, op, 0)?;
+        recv.copy_from_slice(send);
+        self.red_run(plan, Bufs::InPlace(recv))
+    }
+
+    /// [`Comm::allreduce`] of a typed buffer.
+    pub fn allreduce_slice<T: Element>(&mut self, buf: &mut [T], op: ReduceOp) -> Result<()> {
+        self.allreduce(as_bytes_mut(buf), T::DTYPE, op)
+    }
+
+    /// Reduces every rank's `send` with `op` into `recv` at rank `root` (as
+    /// `MPI_Reduce`). `recv` has `send`'s length at the root and is not used
+    /// elsewhere (it may be empty).
+    pub fn reduce_from(&mut self, send: &[u8], recv: &mut [u8], dtype: Dtype, op: ReduceOp, root: usize) -> Result<()> {
+        let plan = self.red_plan(Collective::Reduce, send.len(), 0, dtype, op, root)?;
+        if self.rank() != root {
+            return self.red_run(plan, Bufs::Input(send));
+        }
+        if recv.len() != send.len() {
+            return Err(Error::InvalidArgument(format!(
+                "reduce: the root's receive buffer has {} bytes, its send buffer {}",
+                recv.len(),
+                send.len()
+            )));
+        }
+        recv.copy_from_slice(send);
+        self.red_run(plan, Bufs::InPlace(recv))
+    }
+
+    /// [`Comm::reduce_from`] in place: at the root `buf` is replaced by the
+    /// result; elsewhere it is only read.
+    pub fn reduce(&mut self, buf: &mut [u8], dtype: Dtype, op: ReduceOp, root: usize) -> Result<()> {
+        let plan = self.red_plan(Collective::Reduce, buf.len(), 0, dtype, op, root)?;
+        if self.rank() == root {
+            self.red_run(plan, Bufs::InPlace(buf))
+        } else {
+            self.red_run(plan, Bufs::Input(buf))
+        }
+    }
+
+    /// Reduces every rank's `send` (N blocks of `recv`'s length) with `op`
+    /// and leaves block `rank` of the result in `recv` (as
+    /// `MPI_Reduce_scatter_block`).
+    pub fn reduce_scatter(&mut self, send: &[u8], recv: &mut [u8], dtype: Dtype, op: ReduceOp) -> Result<()> {
+        if recv.len().checked_mul(self.size()) != Some(send.len()) {
+            return Err(Error::InvalidArgument(format!(
+                "reduce-scatter: the send buffer has {} bytes, not {} ranks × the receive buffer's {}",
+                send.len(),
+                self.size(),
+                recv.len()
+            )));
+        }
+        let plan = self.red_plan(Collective::ReduceScatter, send.len(), recv.len(), dtype, op, 0)?;
+        self.red_run(plan, Bufs::Split(send, recv))
+    }
+
+    /// Gathers every rank's `send` into `recv`, block `r` from rank `r`, on
+    /// every rank (as `MPI_Allgather`). `recv` is N times `send`'s length.
+    pub fn allgather(&mut self, send: &[u8], recv: &mut [u8], dtype: Dtype) -> Result<()> {
+        let n = self.size();
+        if send.len().checked_mul(n) != Some(recv.len()) {
+            return Err(Error::InvalidArgument(format!(
+                "allgather: the receive buffer has {} bytes, not {n} ranks × the send buffer's {}",
+                recv.len(),
+                send.len()
+            )));
+        }
+        if !send.len().is_multiple_of(dtype.size()) {
+            return Err(Error::InvalidArgument(format!(
+                "allgather: {} bytes are not a whole number of {dtype} elements",
+                send.len()
+            )));
+        }
+        let block = send.len();
+        recv[self.rank() * block..][..block].copy_from_slice(send);
+        for root in 0..n {
+            self.broadcast(&mut recv[root * block..][..block], dtype, root)
+                .map_err(|e| e.context(&format!("allgather of {} {dtype} elements per rank", block / dtype.size())))?;
+        }
+        Ok(())
+    }
+
+    /// [`Comm::allgather`] of typed buffers.
+    pub fn allgather_slice<T: Element>(&mut self, send: &[T], recv: &mut [T]) -> Result<()> {
+        self.allgather(as_bytes(send), as_bytes_mut(recv), T::DTYPE)
+    }
+
+    /// Checks a call's arguments and makes its plan (nothing is sent).
+    /// `bytes` is the whole vector's length, `block_bytes` reduce-scatter's
+    /// block.
+    fn red_plan(
+        &self,
+        coll: Collective,
+        bytes: usize,
+        block_bytes: usize,
+        dtype: Dtype,
+        op: ReduceOp,
+        root: usize,
+    ) -> Result<Plan> {
+        let name = coll.name();
+        op.check(dtype).map_err(|e| e.context(name))?;
+        if root >= self.size() {
+            return Err(Error::InvalidArgument(format!(
+                "{name}: root {root} is not a rank of this group of {}",
+                self.size()
+            )));
+        }
+        if !bytes.is_multiple_of(dtype.size()) || !block_bytes.is_multiple_of(dtype.size()) {
+            return Err(Error::InvalidArgument(format!(
+                "{name}: a buffer of {bytes} bytes is not a whole number of {dtype} elements"
+            )));
+        }
+        let count = bytes / dtype.size();
+        if u32::try_from(count).is_err() {
+            return Err(Error::InvalidArgument(format!(
+                "{name}: {count} elements are more than one operation carries ({})",
+                u32::MAX
+            )));
+        }
+        let per_chunk = self.chunk / dtype.size();
+        let block = block_bytes / dtype.size();
+        let (per_block, nchunks) = match coll {
+            Collective::ReduceScatter => {
+                let per_block = block.div_ceil(per_chunk);
+                (per_block, per_block * self.size())
+            }
+            _ => (0, count.div_ceil(per_chunk)),
+        };
+        Ok(Plan {
+            seq: self.red.seq.wrapping_add(1),
+            coll,
+            dtype,
+            op,
+            root,
+            ranks: self.size(),
+            me: self.rank(),
+            count,
+            block,
+            per_chunk,
+            per_block,
+            nchunks,
+        })
+    }
+
+    /// Runs a planned call and counts it.
+    fn red_run(&mut self, plan: Plan, mut bufs: Bufs<'_>) -> Result<()> {
+        self.red.seq = plan.seq;
+        let result = if plan.count == 0 {
+            Ok(())
+        } else if plan.ranks == 1 {
+            if let Bufs::Split(send, recv) = &mut bufs {
+                recv.copy_from_slice(send);
+            }
+            if let Bufs::InPlace(buf) | Bufs::Split(_, buf) = &mut bufs {
+                op::finish(plan.dtype, plan.op, buf, 1);
+            }
+            Ok(())
+        } else {
+            self.red_start(&plan, &bufs);
+            self.red_loop(&plan, &mut bufs)
+        };
+        match result {
+            Ok(()) => {
+                self.red.last = Some(plan);
+                self.user_stats.reductions += 1;
+                Ok(())
+            }
+            Err(e) => {
+                self.red.last = None;
+                Err(e)
+            }
+        }
+    }
+
+    /// Sets up the per-chunk state and the accumulator of the owned chunks
+    /// (this rank's own contribution folded in first).
+    fn red_start(&mut self, plan: &Plan, bufs: &Bufs<'_>) {
+        let state = &mut self.red;
+        state.done.clear();
+        state.done.resize(plan.nchunks, false);
+        let owned = plan.owned_chunks().count();
+        state.folded.clear();
+        state.folded.resize(owned * words(plan.ranks), 0);
+        state.folded_count.clear();
+        state.folded_count.resize(owned, 0);
+        let now = Instant::now();
+        state.heard.iter_mut().for_each(|h| *h = now);
+        let acc = &mut state.acc[(plan.seq % 2) as usize];
+        acc.clear();
+        acc.resize(owned * plan.per_chunk * plan.dtype.size(), 0);
+        let input = bufs.input();
+        for chunk in plan.owned_chunks() {
+            let bytes = plan.bytes(chunk);
+            acc[plan.acc_offset(chunk)..][..bytes.len()].copy_from_slice(&input[bytes]);
+        }
+    }
+
+    fn red_loop(&mut self, plan: &Plan, bufs: &mut Bufs<'_>) -> Result<()> {
+        // What this rank waits for: its contributions acknowledged (by a
+        // result or a DONE) and its owned chunks complete.
+        let mut remaining = plan.nchunks;
+        let mut low = 0; // first chunk not done
+        let mut next = 0; // first chunk whose contribution is not sent yet
+        self.red_replay_early(plan, bufs, &mut remaining)?;
+        let timeout = self.timeout();
+        let silence = timeout + receiver_grace(timeout);
+        let mut backoff = Backoff::new();
+        loop {
+            while low < plan.nchunks && self.red.done[low] {
+                low += 1;
+            }
+            if remaining == 0 {
+                return Ok(());
+            }
+            // Fresh contributions within the window.
+            let end = plan.nchunks.min(low + WINDOW);
+            if next < end {
+                self.red_send_data(plan, bufs, next..end, false)?;
+                next = end;
+            }
+            if let Some(got) = self.recv_valid(backoff.due())? {
+                if self.red_on(plan, bufs, &got, &mut remaining)? {
+                    backoff = Backoff::new();
+                }
+            }
+            if backoff.fire() {
+                self.red_check_silent(plan, low, next, timeout, silence)?;
+                // Again what is not acknowledged yet, of what was sent.
+                self.red_send_data(plan, bufs, low..next, true)?;
+            }
+        }
+    }
+
+    /// Sends this rank's contributions to the chunks of `chunks` that are
+    /// not done and that it does not own.
+    fn red_send_data(&mut self, plan: &Plan, bufs: &Bufs<'_>, chunks: Range<usize>, again: bool) -> Result<()> {
+        let mut header = self.red_header(Kind::RedData, plan);
+        if again {
+            header.flags |= FLAG_RETRANSMIT;
+        }
+        let input = bufs.input();
+        let mut resent = 0;
+        for chunk in chunks {
+            let owner = plan.owner(chunk);
+            if owner == plan.me || self.red.done[chunk] {
+                continue;
+            }
+            if again {
+                if resent == RESEND_MAX {
+                    break;
+                }
+                resent += 1;
+            }
+            header.chunk = chunk as u32;
+            if self.transport.queue(&header, plan.bytes(chunk), self.group.peers[owner].addr()) {
+                self.packets_flushed(input)?;
+            }
+            if again {
+                self.user_stats.retransmits += 1;
+            } else {
+                self.user_stats.reduce_contributions_sent += 1;
+            }
+        }
+        self.packets_flushed(input)
+    }
+
+    /// Sends what the transport queued, its payloads from `source`.
+    fn packets_flushed(&mut self, source: &[u8]) -> Result<()> {
+        let sent = self.transport.flush(source)?;
+        self.user_stats.packets_sent += sent as u64;
+        Ok(())
+    }
+
+    fn red_header(&self, kind: Kind, plan: &Plan) -> Header {
+        let mut header = self.header(kind, plan.seq);
+        header.dtype = plan.dtype.code();
+        header.op = plan.op_code();
+        header.count = plan.count as u32;
+        header.nchunks = plan.nchunks as u32;
+        header
+    }
+
+    /// Handles a datagram during call `plan`; returns whether it was
+    /// progress.
+    fn red_on(&mut self, plan: &Plan, bufs: &mut Bufs<'_>, got: &Received, remaining: &mut usize) -> Result<bool> {
+        let header = got.header;
+        let sender = header.sender as usize;
+        match got.kind {
+            Kind::RedData | Kind::RedResult | Kind::RedDone if header.seq == plan.seq => {
+                self.red.heard[sender] = Instant::now();
+                self.red_check(plan, &header, got)?;
+                let chunk = header.chunk as usize;
+                match got.kind {
+                    Kind::RedData => self.red_fold(plan, bufs, &header, got, remaining),
+                    Kind::RedResult => {
+                        if self.red.done[chunk] {
+                            self.user_stats.duplicates += 1;
+                            return Ok(false);
+                        }
+                        let bytes = plan.bytes(chunk);
+                        let payload = self.payload(got);
+                        if let Bufs::InPlace(buf) = bufs {
+                            buf[bytes].copy_from_slice(payload);
+                        }
+                        self.red.done[chunk] = true;
+                        *remaining -= 1;
+                        Ok(true)
+                    }
+                    _ => {
+                        if self.red.done[chunk] {
+                            self.user_stats.duplicates += 1;
+                            return Ok(false);
+                        }
+                        self.red.done[chunk] = true;
+                        *remaining -= 1;
+                        Ok(true)
+                    }
+                }
+            }
+            Kind::RedAbort if header.seq == plan.seq => {
+                let blamed = header.count as usize;
+                Err(if header.flags & FLAG_MISMATCH != 0 {
+                    Error::Mismatch(format!(
+                        "{}: the ranks' calls disagree (rank {blamed} found it; rank {sender} said so); rank {} called {}",
+                        plan.name(),
+                        plan.me,
+                        plan.describe()
+                    ))
+                } else {
+                    Error::PeerFailed {
+                        rank: blamed,
+                        what: format!("{}: rank {sender} gave up on it because rank {blamed} failed", plan.name()),
+                    }
+                })
+            }
+            _ => {
+                self.serve_stale(got)?;
+                Ok(false)
+            }
+        }
+    }
+
+    /// Checks a datagram of this call against the call: on a mismatch,
+    /// tells every rank and fails.
+    fn red_check(&mut self, plan: &Plan, header: &Header, got: &Received) -> Result<()> {
+        let chunk = header.chunk as usize;
+        let theirs = (header.count as usize, header.dtype, header.op, header.nchunks as usize);
+        let ours = (plan.count, plan.dtype.code(), plan.op_code(), plan.nchunks);
+        let mut wrong = if theirs != ours {
+            Some(format!(
+                "rank {} sent count {}, dtype code {}, op code {:#04x}",
+                header.sender, header.count, header.dtype, header.op
+            ))
+        } else if chunk >= plan.nchunks {
+            Some(format!("rank {} sent chunk {chunk} of {}", header.sender, plan.nchunks))
+        } else {
+            None
+        };
+        if wrong.is_none() {
+            let to_me = match got.kind {
+                Kind::RedData => plan.owner(chunk) == plan.me,
+                Kind::RedResult => plan.recipient(plan.me, chunk),
+                _ => plan.owner(chunk) != plan.me,
+            };
+            let len_ok = got.kind == Kind::RedDone || self.payload(got).len() == plan.bytes(chunk).len();
+            if !to_me || !len_ok {
+                wrong = Some(format!("rank {} sent chunk {chunk} that is not this rank's to get", header.sender));
+            }
+        }
+        let Some(what) = wrong else { return Ok(()) };
+        self.red_abort(plan, plan.me, true)?;
+        Err(Error::Mismatch(format!(
+            "{}: {what}; rank {} called {}: mismatched collective calls",
+            plan.name(),
+            plan.me,
+            plan.describe()
+        )))
+    }
+
+    /// Folds a contribution into an owned chunk; the last one completes it.
+    fn red_fold(
+        &mut self,
+        plan: &Plan,
+        bufs: &mut Bufs<'_>,
+        header: &Header,
+        got: &Received,
+        remaining: &mut usize,
+    ) -> Result<bool> {
+        let chunk = header.chunk as usize;
+        let sender = header.sender as usize;
+        if self.red.done[chunk] {
+            // The sender lost the answer: answer again.
+            self.user_stats.duplicates += 1;
+            self.red_answer(plan, chunk, sender, true)?;
+            return Ok(false);
+        }
+        let index = plan.owned_index(chunk);
+        let (word, bit) = (index * words(plan.ranks) + sender / 64, 1u64 << (sender % 64));
+        if self.red.folded[word] & bit != 0 {
+            self.user_stats.duplicates += 1;
+            return Ok(false);
+        }
+        self.red.folded[word] |= bit;
+        self.red.folded_count[index] += 1;
+        let len = plan.bytes(chunk).len();
+        let at = plan.acc_offset(chunk);
+        let parity = (plan.seq % 2) as usize;
+        {
+            let payload = match self.transport.datagram(got.slot) {
+                Some(datagram) => &datagram.bytes[HDR_LEN..],
+                None => &[],
+            };
+            op::fold(plan.dtype, plan.op, &mut self.red.acc[parity][at..at + len], payload);
+        }
+        self.user_stats.reduce_folded += 1;
+        if usize::from(self.red.folded_count[index]) + 1 < plan.ranks {
+            return Ok(true);
+        }
+        // Complete: the result, to whoever needs it.
+        op::finish(plan.dtype, plan.op, &mut self.red.acc[parity][at..at + len], plan.ranks);
+        if plan.recipient(plan.me, chunk) || plan.owner(chunk) == plan.me {
+            match bufs {
+                Bufs::InPlace(buf) => buf[plan.bytes(chunk)].copy_from_slice(&self.red.acc[parity][at..at + len]),
+                Bufs::Split(_, out) => {
+                    let start = plan.bytes(chunk).start - plan.me * plan.block * plan.dtype.size();
+                    out[start..start + len].copy_from_slice(&self.red.acc[parity][at..at + len]);
+                }
+                Bufs::Input(_) => {}
+            }
+        }
+        self.red.done[chunk] = true;
+        *remaining -= 1;
+        self.red_answer_all(plan, chunk)?;
+        Ok(true)
+    }
+
+    /// Sends every other rank the answer to its contribution to completed
+    /// chunk `chunk`.
+    fn red_answer_all(&mut self, plan: &Plan, chunk: usize) -> Result<()> {
+        for rank in (0..plan.ranks).filter(|&r| r != plan.me) {
+            self.red_answer(plan, chunk, rank, false)?;
+        }
+        self.red_flush_acc(plan)
+    }
+
+    /// Sends what is queued, the payloads from `plan`'s accumulator.
+    fn red_flush_acc(&mut self, plan: &Plan) -> Result<()> {
+        let sent = self.transport.flush(&self.red.acc[(plan.seq % 2) as usize])?;
+        self.user_stats.packets_sent += sent as u64;
+        Ok(())
+    }
+
+    /// Queues to `rank` the answer to its contribution to completed chunk
+    /// `chunk` of `plan`: the result if it is a recipient, else DONE. A
+    /// repeat (`again`) is sent at once; otherwise the caller flushes with
+    /// [`Comm::red_flush_acc`] (the payload is in the accumulator).
+    fn red_answer(&mut self, plan: &Plan, chunk: usize, rank: usize, again: bool) -> Result<()> {
+        let addr = self.group.peers[rank].addr();
+        let mut header = self.red_header(if plan.recipient(rank, chunk) { Kind::RedResult } else { Kind::RedDone }, plan);
+        header.chunk = chunk as u32;
+        if again {
+            header.flags |= FLAG_RETRANSMIT;
+        }
+        let at = plan.acc_offset(chunk);
+        let payload = if header.kind == Kind::RedResult as u8 { at..at + plan.bytes(chunk).len() } else { 0..0 };
+        if header.kind == Kind::RedResult as u8 {
+            self.user_stats.reduce_results_sent += 1;
+        }
+        if self.transport.queue(&header, payload, addr) || again {
+            self.red_flush_acc(plan)?;
+        }
+        Ok(())
+    }
+
+    /// Fails the call when a rank it waits for has been silent too long:
+    /// a contributor to an owned chunk for the timeout, an owner of a chunk
+    /// this rank waits for for the timeout and a grace (it may itself be
+    /// waiting for someone, and will say so).
+    fn red_check_silent(
+        &mut self,
+        plan: &Plan,
+        low: usize,
+        next: usize,
+        timeout: std::time::Duration,
+        silence: std::time::Duration,
+    ) -> Result<()> {
+        let now = Instant::now();
+        let mut blamed = None;
+        for chunk in plan.owned_chunks().filter(|&c| !self.red.done[c]) {
+            let index = plan.owned_index(chunk);
+            for rank in (0..plan.ranks).filter(|&r| r != plan.me) {
+                let folded = self.red.folded[index * words(plan.ranks) + rank / 64] & (1 << (rank % 64)) != 0;
+                if !folded && now.duration_since(self.red.heard[rank]) >= timeout {
+                    blamed = Some((rank, format!("its contribution to chunk {chunk} did not come")));
+                    break;
+                }
+            }
+            if blamed.is_some() {
+                break;
+            }
+        }
+        if blamed.is_none() {
+            for chunk in (low..next).filter(|&c| !self.red.done[c]) {
+                let owner = plan.owner(chunk);
+                if owner != plan.me && now.duration_since(self.red.heard[owner]) >= silence {
+                    blamed = Some((owner, format!("it did not answer for chunk {chunk}")));
+                    break;
+                }
+            }
+        }
+        let Some((rank, why)) = blamed else { return Ok(()) };
+        self.red_abort(plan, rank, false)?;
+        Err(Error::PeerFailed {
+            rank,
+            what: format!("{}: {why} within {} ms (rank {} gave up)", plan.name(), timeout.as_millis(), plan.me),
+        })
+    }
+
+    /// Tells every other rank that call `plan` failed because of `blamed`.
+    fn red_abort(&mut self, plan: &Plan, blamed: usize, mismatch: bool) -> Result<()> {
+        let mut header = self.red_header(Kind::RedAbort, plan);
+        header.count = blamed as u32;
+        if mismatch {
+            header.flags |= FLAG_MISMATCH;
+        }
+        for _ in 0..ABORT_COPIES {
+            for rank in (0..plan.ranks).filter(|&r| r != plan.me) {
+                self.queue_control(&header, rank)?;
+            }
+        }
+        self.flush_queued()
+    }
+
+    /// Handles what was kept of this call before it was made.
+    fn red_replay_early(&mut self, plan: &Plan, bufs: &mut Bufs<'_>, remaining: &mut usize) -> Result<()> {
+        let kept = self.red.early.headers.len();
+        if kept == 0 {
+            return Ok(());
+        }
+        let early = std::mem::replace(&mut self.red.early, Early { headers: Vec::new(), data: Vec::new(), lens: Vec::new() });
+        let result = (|| {
+            for (i, header) in early.headers.iter().enumerate() {
+                if header.seq != plan.seq {
+                    continue;
+                }
+                let payload = &early.data[i * self.chunk..][..early.lens[i]];
+                self.red_on_early(plan, bufs, header, payload, remaining)?;
+            }
+            Ok(())
+        })();
+        self.red.early = early;
+        self.red.early.headers.clear();
+        self.red.early.lens.clear();
+        result
+    }
+
+    /// [`Comm::red_fold`] of a contribution kept before the call.
+    fn red_on_early(
+        &mut self,
+        plan: &Plan,
+        bufs: &mut Bufs<'_>,
+        header: &Header,
+        payload: &[u8],
+        remaining: &mut usize,
+    ) -> Result<()> {
+        let chunk = header.chunk as usize;
+        let sender = header.sender as usize;
+        let fits = (header.count as usize, header.dtype, header.op, header.nchunks as usize)
+            == (plan.count, plan.dtype.code(), plan.op_code(), plan.nchunks)
+            && chunk < plan.nchunks
+            && plan.owner(chunk) == plan.me
+            && payload.len() == plan.bytes(chunk).len();
+        if !fits {
+            self.red_abort(plan, plan.me, true)?;
+            return Err(Error::Mismatch(format!(
+                "{}: rank {sender} sent count {}, dtype code {}, op code {:#04x} for chunk {chunk}; rank {} called {}: mismatched collective calls",
+                plan.name(),
+                header.count,
+                header.dtype,
+                header.op,
+                plan.me,
+                plan.describe()
+            )));
+        }
+        let index = plan.owned_index(chunk);
+        let (word, bit) = (index * words(plan.ranks) + sender / 64, 1u64 << (sender % 64));
+        if self.red.done[chunk] || self.red.folded[word] & bit != 0 {
+            self.user_stats.duplicates += 1;
+            return Ok(());
+        }
+        self.red.folded[word] |= bit;
+        self.red.folded_count[index] += 1;
+        let (len, at, parity) = (payload.len(), plan.acc_offset(chunk), (plan.seq % 2) as usize);
+        op::fold(plan.dtype, plan.op, &mut self.red.acc[parity][at..at + len], payload);
+        self.user_stats.reduce_folded += 1;
+        if usize::from(self.red.folded_count[index]) + 1 == plan.ranks {
+            // Every other rank was ahead of this one: complete already.
+            op::finish(plan.dtype, plan.op, &mut self.red.acc[parity][at..at + len], plan.ranks);
+            match bufs {
+                Bufs::InPlace(buf) => buf[plan.bytes(chunk)].copy_from_slice(&self.red.acc[parity][at..at + len]),
+                Bufs::Split(_, out) => {
+                    let start = plan.bytes(chunk).start - plan.me * plan.block * plan.dtype.size();
+                    out[start..start + len].copy_from_slice(&self.red.acc[parity][at..at + len]);
+                }
+                Bufs::Input(_) => {}
+            }
+            self.red.done[chunk] = true;
+            *remaining -= 1;
+            self.red_answer_all(plan, chunk)?;
+        }
+        Ok(())
+    }
+
+    /// A reduction datagram outside a call of it: a repeat of a contribution
+    /// to the last completed one (answered from its accumulator), or a
+    /// contribution to the next one (kept). Returns whether it was one.
+    pub(crate) fn serve_stale_reduce(&mut self, got: &Received) -> Result<bool> {
+        let header = got.header;
+        let sender = header.sender as usize;
+        if got.kind != Kind::RedData {
+            return Ok(false);
+        }
+        if let Some(last) = self.red.last.filter(|p| p.seq == header.seq) {
+            let chunk = header.chunk as usize;
+            if chunk < last.nchunks && last.owner(chunk) == self.rank() {
+                self.user_stats.duplicates += 1;
+                self.red_answer(&last, chunk, sender, true)?;
+                return Ok(true);
+            }
+            return Ok(false);
+        }
+        if header.seq == self.red.seq.wrapping_add(1) {
+            let early = &mut self.red.early;
+            let payload_len = self.transport.datagram(got.slot).map_or(0, |d| d.bytes.len() - HDR_LEN);
+            if early.headers.len() >= EARLY_MAX || payload_len > self.chunk {
+                return Ok(false); // it will be sent again
+            }
+            if early.data.is_empty() {
+                early.data = vec![0; EARLY_MAX * self.chunk];
+                early.headers.reserve(EARLY_MAX);
+                early.lens.reserve(EARLY_MAX);
+            }
+            let i = early.headers.len();
+            if let Some(datagram) = self.transport.datagram(got.slot) {
+                early.data[i * self.chunk..][..payload_len].copy_from_slice(&datagram.bytes[HDR_LEN..]);
+            }
+            early.headers.push(header);
+            early.lens.push(payload_len);
+            return Ok(true);
+        }
+        Ok(false)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::comm::testing::ranks;
+
+    /// Rank `rank`'s input: distinct per rank and element.
+    fn input(rank: usize, len: usize) -> Vec<i64> {
+        (0..len).map(|i| (i as i64 * 7919 + rank as i64 * 104_729) % 1_000_003 - 500_000).collect()
+    }
+
+    #[test]
+    fn allreduce_reduce_and_reduce_scatter_match_a_plain_loop() {
+        let n = 3;
+        let results = ranks(n, 29_641, 10_000, move |rank, comm| {
+            let chunk = comm.chunk_size() / 8;
+            for len in [0, 1, chunk - 1, chunk, chunk + 1, 5 * chunk * n + 3] {
+                let mut buf = input(rank, len);
+                comm.allreduce_slice(&mut buf, ReduceOp::Sum).unwrap();
+                let want: Vec<i64> = (0..len).map(|i| (0..n).map(|r| input(r, len)[i]).sum()).collect();
+                assert_eq!(buf, want, "rank {rank}: allreduce sum of {len}");
+                let mut buf = input(rank, len);
+                comm.allreduce_slice(&mut buf, ReduceOp::Max).unwrap();
+                let want: Vec<i64> = (0..len).map(|i| (0..n).map(|r| input(r, len)[i]).max().unwrap()).collect();
+                assert_eq!(buf, want, "rank {rank}: allreduce max of {len}");
+                for root in 0..n {
+                    let send = input(rank, len);
+                    let mut recv = if rank == root { vec![0i64; len] } else { Vec::new() };
+                    comm.reduce_from(as_bytes(&send), as_bytes_mut(&mut recv), Dtype::I64, ReduceOp::Min, root).unwrap();
+                    if rank == root {
+                        let want: Vec<i64> = (0..len).map(|i| (0..n).map(|r| input(r, len)[i]).min().unwrap()).collect();
+                        assert_eq!(recv, want, "rank {rank}: reduce min of {len} to {root}");
+                    }
+                }
+                let send = input(rank, len * n);
+                let mut recv = vec![0i64; len];
+                comm.reduce_scatter(as_bytes(&send), as_bytes_mut(&mut recv), Dtype::I64, ReduceOp::Sum).unwrap();
+                let want: Vec<i64> = (0..len).map(|i| (0..n).map(|r| input(r, len * n)[rank * len + i]).sum()).collect();
+                assert_eq!(recv, want, "rank {rank}: reduce-scatter of {len}");
+                let send = input(rank, len);
+                let mut recv = vec![0i64; len * n];
+                comm.allgather_slice(&send, &mut recv).unwrap();
+                let want: Vec<i64> = (0..n).flat_map(|r| input(r, len)).collect();
+                assert_eq!(recv, want, "rank {rank}: allgather of {len}");
+            }
+            comm.stats().unwrap().user
+        });
+        assert!(results.iter().all(|s| s.reductions > 0 && s.reduce_folded > 0));
+    }
+
+    #[test]
+    fn float_average_and_bad_arguments() {
+        let n = 2;
+        ranks(n, 29_642, 10_000, move |rank, comm| {
+            let mut buf = vec![rank as f32 + 1.0, -3.0 * rank as f32, f32::INFINITY];
+            comm.allreduce_slice(&mut buf, ReduceOp::Avg).unwrap();
+            assert_eq!(buf, vec![1.5, -1.5, f32::INFINITY]);
+            let mut ints = vec![1i32; 4];
+            let err = comm.allreduce_slice(&mut ints, ReduceOp::Avg).unwrap_err();
+            assert_eq!(err.status(), crate::Status::InvalidArgument);
+            let err = comm.reduce(&mut [0u8; 8], Dtype::I64, ReduceOp::Sum, 5).unwrap_err();
+            assert!(err.to_string().contains("root 5"), "{err}");
+            let err = comm.reduce_scatter(&[0u8; 8], &mut [0u8; 8], Dtype::I32, ReduceOp::Sum).unwrap_err();
+            assert!(err.to_string().contains("reduce-scatter"), "{err}");
+            // Still in step after the refused calls.
+            let mut buf = vec![rank as u64; 3];
+            comm.allreduce_slice(&mut buf, ReduceOp::Sum).unwrap();
+            assert_eq!(buf, vec![1; 3]);
+        });
+    }
+}
