@@ -246,6 +246,11 @@ impl Comm {
         self.transport.local_addr()
     }
 
+    /// The group as rendezvous made it: its id, token and members.
+    pub fn group_info(&self) -> &GroupInfo {
+        &self.group
+    }
+
     /// Every rank's address, port and datapath, as rendezvous made them.
     pub fn peers(&self) -> &[PeerInfo] {
         &self.group.peers
