@@ -463,6 +463,11 @@ typedef struct aggbox_stats {
    * Results this rank sent as a chunk's owner (repeats included).
    */
   uint64_t reduce_results_sent;
+  /**
+   * Float sums and averages done as quantized integer sums (the others
+   * had NaN, infinite or all-zero inputs and were summed as floats).
+   */
+  uint64_t reduce_quantized;
 } aggbox_stats;
 
 #ifdef __cplusplus
@@ -651,6 +656,173 @@ enum aggbox_status aggbox_broadcast(struct aggbox_comm *comm, void *buf, size_t 
  * finished; `out` is NULL or valid for writing a pointer.
  */
 enum aggbox_status aggbox_ibroadcast(struct aggbox_comm *comm, void *buf, size_t count, aggbox_dtype dtype, int root, struct aggbox_request **out);
+
+/**
+ * Reduces `count` elements of `dtype` with `op` across every rank of
+ * `comm`: when it returns `AGGBOX_OK`, every rank's `recvbuf` holds, at
+ * each index, `op` over the ranks' `sendbuf` at that index (as
+ * `MPI_Allreduce`). In place when `sendbuf == recvbuf` (the buffer is read,
+ * then overwritten with the result); otherwise the two must not overlap.
+ * Every rank calls it with the same `count`, `dtype` and `op`, in the same
+ * order as its other collectives.
+ *
+ * `AGGBOX_OP_SUM` wraps around on integers; `AGGBOX_OP_MIN` and
+ * `AGGBOX_OP_MAX` give NaN when any contribution is NaN;
+ * `AGGBOX_OP_AVG` (floats only) is the sum divided by the number of ranks.
+ * Every rank gets the same result, bit for bit; a float sum adds the
+ * contributions in an order that may change from call to call.
+ *
+ * Fails, with nothing sent, with `AGGBOX_ERR_INVALID_ARGUMENT` when
+ * `sendbuf` or `recvbuf` is NULL and `count` is not 0, the two overlap
+ * without being equal, `dtype` is not an `aggbox_dtype` or is
+ * `AGGBOX_DTYPE_U8` (bytes are broadcast, not reduced), `op` is not an
+ * `aggbox_op`, `op` is `AGGBOX_OP_AVG` and `dtype` an integer type,
+ * `count` elements do not fit in memory or are more than 2^32 - 1. Fails
+ * with `AGGBOX_ERR_INVALID_ARGUMENT` on every rank, the message saying
+ * "mismatched collective calls", when the ranks' `count`, `dtype` or `op`
+ * disagree; with `AGGBOX_ERR_PEER_FAILED` naming a rank that stopped
+ * answering within the timeout. After a failure `recvbuf` may hold part of
+ * the result.
+ *
+ * While an asynchronous operation on `comm` (`aggbox_ibroadcast`,
+ * `aggbox_iallreduce`) is pending, this call queues behind it (and any
+ * other pending operation) and blocks until its turn has come and gone.
+ * The library keeps no pointer to either buffer after it returns.
+ *
+ * # Safety
+ *
+ * `comm` is NULL or a live communicator; `sendbuf` is NULL or valid for
+ * reading `count` elements of `dtype`, `recvbuf` NULL or valid for reading
+ * and writing them.
+ */
+enum aggbox_status aggbox_allreduce(struct aggbox_comm *comm, const void *sendbuf, void *recvbuf, size_t count, aggbox_dtype dtype, aggbox_op op);
+
+/**
+ * Reduces `count` elements of `dtype` with `op` across every rank of
+ * `comm` into `recvbuf` at rank `root` (as `MPI_Reduce`): when it returns
+ * `AGGBOX_OK` at the root, its `recvbuf` holds, at each index, `op` over
+ * the ranks' `sendbuf` at that index (`op` as in `aggbox_allreduce`).
+ * `recvbuf` is only used at the root, and may be NULL elsewhere (it is not
+ * looked at). At the root it runs in place when `sendbuf == recvbuf`;
+ * otherwise the two must not overlap. Every rank calls it with the same
+ * `count`, `dtype`, `op` and `root`, in the same order as its other
+ * collectives. A rank other than the root may return before the root has
+ * its result.
+ *
+ * Fails, with nothing sent, with `AGGBOX_ERR_INVALID_ARGUMENT` when
+ * `sendbuf` is NULL, or at the root `recvbuf` is NULL, and `count` is not
+ * 0, the two overlap at the root without being equal, `root` is not a rank,
+ * or for any of the reasons of `aggbox_allreduce` (`dtype`, `op`,
+ * `count`). Fails with `AGGBOX_ERR_INVALID_ARGUMENT` on every rank that
+ * sees it, the message saying "mismatched collective calls", when the
+ * ranks' `count`, `dtype`, `op` or `root` disagree; with
+ * `AGGBOX_ERR_PEER_FAILED` naming a rank that stopped answering within the
+ * timeout. After a failure the root's `recvbuf` may hold part of the
+ * result.
+ *
+ * Queues behind pending asynchronous operations on `comm` as
+ * `aggbox_allreduce` does. The library keeps no pointer to either buffer
+ * after it returns.
+ *
+ * # Safety
+ *
+ * `comm` is NULL or a live communicator; `sendbuf` is NULL or valid for
+ * reading `count` elements of `dtype`; at the root, `recvbuf` is NULL or
+ * valid for reading and writing them (elsewhere it is not used).
+ */
+enum aggbox_status aggbox_reduce(struct aggbox_comm *comm, const void *sendbuf, void *recvbuf, size_t count, aggbox_dtype dtype, aggbox_op op, int root);
+
+/**
+ * Reduces `size × recvcount` elements of `dtype` with `op` across every
+ * rank of `comm` (`size` being `aggbox_comm_size(comm)`) and scatters the
+ * result: when it returns `AGGBOX_OK`, rank `r`'s `recvbuf` holds the
+ * `recvcount` elements of the result from index `r × recvcount`, each one
+ * `op` over the ranks' `sendbuf` at that index (`op` as in
+ * `aggbox_allreduce`; as `MPI_Reduce_scatter_block`). `sendbuf` holds
+ * `size × recvcount` elements, `recvbuf` `recvcount`; the two must not
+ * overlap (there is no in-place form). Every rank calls it with the same
+ * `recvcount`, `dtype` and `op`, in the same order as its other
+ * collectives.
+ *
+ * Fails, with nothing sent, with `AGGBOX_ERR_INVALID_ARGUMENT` when
+ * `sendbuf` or `recvbuf` is NULL and `recvcount` is not 0, they overlap,
+ * `recvcount × size` overflows `size_t`, or for any of the reasons of
+ * `aggbox_allreduce` (`dtype`, `op`, the `size × recvcount` elements of
+ * `sendbuf`). Fails with `AGGBOX_ERR_INVALID_ARGUMENT` on every rank, the
+ * message saying "mismatched collective calls", when the ranks'
+ * `recvcount`, `dtype` or `op` disagree; with `AGGBOX_ERR_PEER_FAILED`
+ * naming a rank that stopped answering within the timeout. After a
+ * failure `recvbuf` may hold part of the result.
+ *
+ * Queues behind pending asynchronous operations on `comm` as
+ * `aggbox_allreduce` does. The library keeps no pointer to either buffer
+ * after it returns.
+ *
+ * # Safety
+ *
+ * `comm` is NULL or a live communicator; `sendbuf` is NULL or valid for
+ * reading `size × recvcount` elements of `dtype`, `recvbuf` NULL or valid
+ * for writing `recvcount` of them.
+ */
+enum aggbox_status aggbox_reduce_scatter(struct aggbox_comm *comm, const void *sendbuf, void *recvbuf, size_t recvcount, aggbox_dtype dtype, aggbox_op op);
+
+/**
+ * Gathers `sendcount` elements of `dtype` from every rank of `comm` onto
+ * every rank (as `MPI_Allgather`): when it returns `AGGBOX_OK`, every
+ * rank's `recvbuf` holds, from index `r × sendcount`, rank `r`'s `sendbuf`,
+ * for every rank `r`. `recvbuf` holds `size × sendcount` elements (`size`
+ * being `aggbox_comm_size(comm)`); the two buffers must not overlap (there
+ * is no in-place form). Nothing is reduced, so every `aggbox_dtype` is
+ * accepted, `AGGBOX_DTYPE_U8` too. Every rank calls it with the same
+ * `sendcount` and `dtype`, in the same order as its other collectives. It
+ * runs as one broadcast per rank.
+ *
+ * Fails, with nothing sent, with `AGGBOX_ERR_INVALID_ARGUMENT` when
+ * `sendbuf` or `recvbuf` is NULL and `sendcount` is not 0, they overlap,
+ * `dtype` is not an `aggbox_dtype`, `sendcount × size` overflows `size_t`
+ * or its elements do not fit in memory, or `sendcount` is more than
+ * 2^32 - 1. Fails with `AGGBOX_ERR_INVALID_ARGUMENT`, the message saying
+ * "mismatched collective calls", when the ranks' `sendcount` or `dtype`
+ * disagree; with `AGGBOX_ERR_PEER_FAILED` naming a rank that stopped
+ * answering within the timeout. After a failure `recvbuf` may hold part of
+ * the result.
+ *
+ * Queues behind pending asynchronous operations on `comm` as
+ * `aggbox_allreduce` does. The library keeps no pointer to either buffer
+ * after it returns.
+ *
+ * # Safety
+ *
+ * `comm` is NULL or a live communicator; `sendbuf` is NULL or valid for
+ * reading `sendcount` elements of `dtype`, `recvbuf` NULL or valid for
+ * reading and writing `size × sendcount` of them.
+ */
+enum aggbox_status aggbox_allgather(struct aggbox_comm *comm, const void *sendbuf, void *recvbuf, size_t sendcount, aggbox_dtype dtype);
+
+/**
+ * Starts the allreduce of `aggbox_allreduce` (same arguments, same checks,
+ * made before this returns) and returns at once; `*out` is then a request
+ * to finish it with `aggbox_wait` or `aggbox_test`, and to free with
+ * `aggbox_request_free`. On failure `*out` is NULL and nothing was started.
+ *
+ * The allreduce runs on the communicator's progress thread (one per
+ * communicator, started by its first asynchronous call), after the
+ * operations started before it (`aggbox_ibroadcast`, `aggbox_iallreduce`).
+ * Until it has finished, both buffers belong to the library: the caller
+ * must neither free nor write them, nor read `recvbuf`. Blocking calls on
+ * `comm` meanwhile (`aggbox_barrier`, `aggbox_broadcast`,
+ * `aggbox_allreduce`, `aggbox_reduce`, `aggbox_reduce_scatter`,
+ * `aggbox_allgather`, `aggbox_comm_stats`) wait for their turn behind it,
+ * and `aggbox_comm_destroy` waits for it to finish.
+ *
+ * # Safety
+ *
+ * `comm` is NULL or a live communicator; `sendbuf` is NULL or valid for
+ * reading `count` elements of `dtype`, and `recvbuf` NULL or valid for
+ * reading and writing them, until the operation has finished; `out` is
+ * NULL or valid for writing a pointer.
+ */
+enum aggbox_status aggbox_iallreduce(struct aggbox_comm *comm, const void *sendbuf, void *recvbuf, size_t count, aggbox_dtype dtype, aggbox_op op, struct aggbox_request **out);
 
 /**
  * Fills `*config` with `size = sizeof(aggbox_config)` and every default:

@@ -35,6 +35,7 @@ pub mod loader;
 pub mod maps;
 pub mod netif;
 pub mod op;
+pub mod quant;
 pub mod reduce;
 pub mod rendezvous;
 pub mod stats;

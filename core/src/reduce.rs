@@ -32,6 +32,7 @@ use crate::{
     comm::{receiver_grace, Backoff, Comm, Received},
     dtype::{as_bytes, as_bytes_mut, Dtype, Element},
     op::{self, ReduceOp},
+    quant,
     wire::{Header, Kind, FLAG_MISMATCH, FLAG_RETRANSMIT, HDR_LEN},
     Error, Result,
 };
@@ -49,6 +50,10 @@ const ABORT_COPIES: usize = 3;
 
 /// Datagrams of the next operation a rank keeps before calling it.
 const EARLY_MAX: usize = 1024;
+
+/// The bit of the header's `op` byte that says the payload holds quantized
+/// integers of a float sum (docs/ALLREDUCE.md).
+const QUANTIZED: u8 = 0x08;
 
 /// Which collective of the family (the high nibble of the header's `op`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -74,8 +79,13 @@ impl Collective {
 struct Plan {
     seq: u32,
     coll: Collective,
+    /// The call's element type and operator (in the header).
     dtype: Dtype,
     op: ReduceOp,
+    /// What the owners fold: `dtype` and `op`, or for a quantized float sum
+    /// integer lanes (I32, I64) and SUM.
+    lanes: Dtype,
+    fold_op: ReduceOp,
     /// The rank that gets the result (reduce).
     root: usize,
     ranks: usize,
@@ -151,9 +161,11 @@ impl Plan {
         self.owned_index(chunk) * self.per_chunk * self.dtype.size()
     }
 
-    /// The header's `op` byte: the collective and the operator.
+    /// The header's `op` byte: the collective, and the operator, with
+    /// [`QUANTIZED`] when the payload holds quantized integers.
     fn op_code(&self) -> u8 {
-        (self.coll as u8) << 4 | self.op.code()
+        let quantized = if self.lanes != self.dtype { QUANTIZED } else { 0 };
+        (self.coll as u8) << 4 | quantized | self.op.code()
     }
 
     fn name(&self) -> String {
@@ -194,6 +206,9 @@ pub(crate) struct ReduceState {
     /// Per rank: when a datagram of this operation last came from it.
     heard: Vec<Instant>,
     early: Early,
+    /// A quantized float sum's integers in, and out (reduce-scatter).
+    quantized: Vec<u8>,
+    quantized_out: Vec<u8>,
 }
 
 impl ReduceState {
@@ -207,6 +222,8 @@ impl ReduceState {
             folded_count: Vec::new(),
             heard: vec![Instant::now(); ranks],
             early: Early { headers: Vec::new(), data: Vec::new(), lens: Vec::new() },
+            quantized: Vec::new(),
+            quantized_out: Vec::new(),
         }
     }
 }
@@ -243,7 +260,7 @@ impl Comm {
     /// other collectives.
     pub fn allreduce(&mut self, buf: &mut [u8], dtype: Dtype, op: ReduceOp) -> Result<()> {
         let plan = self.red_plan(Collective::Allreduce, buf.len(), 0, dtype, op, 0)?;
-        self.red_run(plan, Bufs::InPlace(buf))
+        self.red_dispatch(plan, Bufs::InPlace(buf))
     }
 
     /// [`Comm::allreduce`] from `send` into `recv` (the same length).
@@ -257,7 +274,7 @@ impl Comm {
         }
         let plan = self.red_plan(Collective::Allreduce, recv.len(), 0, dtype, op, 0)?;
         recv.copy_from_slice(send);
-        self.red_run(plan, Bufs::InPlace(recv))
+        self.red_dispatch(plan, Bufs::InPlace(recv))
     }
 
     /// [`Comm::allreduce`] of a typed buffer.
@@ -271,7 +288,7 @@ impl Comm {
     pub fn reduce_from(&mut self, send: &[u8], recv: &mut [u8], dtype: Dtype, op: ReduceOp, root: usize) -> Result<()> {
         let plan = self.red_plan(Collective::Reduce, send.len(), 0, dtype, op, root)?;
         if self.rank() != root {
-            return self.red_run(plan, Bufs::Input(send));
+            return self.red_dispatch(plan, Bufs::Input(send));
         }
         if recv.len() != send.len() {
             return Err(Error::InvalidArgument(format!(
@@ -281,7 +298,7 @@ impl Comm {
             )));
         }
         recv.copy_from_slice(send);
-        self.red_run(plan, Bufs::InPlace(recv))
+        self.red_dispatch(plan, Bufs::InPlace(recv))
     }
 
     /// [`Comm::reduce_from`] in place: at the root `buf` is replaced by the
@@ -289,9 +306,9 @@ impl Comm {
     pub fn reduce(&mut self, buf: &mut [u8], dtype: Dtype, op: ReduceOp, root: usize) -> Result<()> {
         let plan = self.red_plan(Collective::Reduce, buf.len(), 0, dtype, op, root)?;
         if self.rank() == root {
-            self.red_run(plan, Bufs::InPlace(buf))
+            self.red_dispatch(plan, Bufs::InPlace(buf))
         } else {
-            self.red_run(plan, Bufs::Input(buf))
+            self.red_dispatch(plan, Bufs::Input(buf))
         }
     }
 
@@ -308,7 +325,7 @@ impl Comm {
             )));
         }
         let plan = self.red_plan(Collective::ReduceScatter, send.len(), recv.len(), dtype, op, 0)?;
-        self.red_run(plan, Bufs::Split(send, recv))
+        self.red_dispatch(plan, Bufs::Split(send, recv))
     }
 
     /// Gathers every rank's `send` into `recv`, block `r` from rank `r`, on
@@ -389,6 +406,8 @@ impl Comm {
             dtype,
             op,
             root,
+            lanes: dtype,
+            fold_op: op,
             ranks: self.size(),
             me: self.rank(),
             count,
@@ -397,6 +416,66 @@ impl Comm {
             per_block,
             nchunks,
         })
+    }
+
+    /// Runs a checked call: a float SUM or AVG as a quantized integer sum
+    /// (after the scale is agreed), everything else as it is.
+    fn red_dispatch(&mut self, plan: Plan, bufs: Bufs<'_>) -> Result<()> {
+        let quantizable = matches!(plan.op, ReduceOp::Sum | ReduceOp::Avg) && quant::lanes(plan.dtype).is_some();
+        if !quantizable || plan.count == 0 || plan.ranks == 1 {
+            return self.red_run(plan, bufs);
+        }
+        self.red_quantized(plan, bufs)
+    }
+
+    /// A float SUM or AVG: agree on the scale (a MAX allreduce of each
+    /// rank's largest |x|), quantize, sum the integers, and turn the sums
+    /// back (docs/ALLREDUCE.md). When some input is NaN or infinite, or all
+    /// are zero, the floats are summed as they are (IEEE results).
+    fn red_quantized(&mut self, plan: Plan, mut bufs: Bufs<'_>) -> Result<()> {
+        let name = plan.coll.name();
+        let mut max = [quant::max_abs(plan.dtype, bufs.input())];
+        self.allreduce_slice(&mut max, ReduceOp::Max).map_err(|e| e.context(&format!("{name}: agreeing on the scale")))?;
+        let max = max[0];
+        // The scale's reduction took a sequence number: plan anew.
+        let again = |comm: &Comm, p: &Plan| {
+            comm.red_plan(p.coll, p.count * p.dtype.size(), p.block * p.dtype.size(), p.dtype, p.op, p.root)
+        };
+        let mut plan = again(self, &plan)?;
+        if !(max.is_finite() && max > 0.0) {
+            return self.red_run(plan, bufs);
+        }
+        let (lanes, _) = quant::lanes(plan.dtype).expect("a float");
+        let e = quant::scale_exponent(max);
+        plan.lanes = lanes;
+        plan.fold_op = ReduceOp::Sum;
+        let divisor = if plan.op == ReduceOp::Avg { plan.ranks } else { 1 };
+        let mut q = std::mem::take(&mut self.red.quantized);
+        q.clear();
+        q.resize(bufs.input().len(), 0);
+        quant::quantize(plan.dtype, bufs.input(), &mut q, e);
+        let result = match &mut bufs {
+            Bufs::InPlace(buf) => self.red_run(plan, Bufs::InPlace(&mut q)).map(|()| {
+                quant::dequantize(plan.dtype, &q, buf, e, divisor);
+            }),
+            Bufs::Input(_) => self.red_run(plan, Bufs::Input(&q)),
+            Bufs::Split(_, out) => {
+                let mut q_out = std::mem::take(&mut self.red.quantized_out);
+                q_out.clear();
+                q_out.resize(out.len(), 0);
+                let result = self.red_run(plan, Bufs::Split(&q, &mut q_out));
+                if result.is_ok() {
+                    quant::dequantize(plan.dtype, &q_out, out, e, divisor);
+                }
+                self.red.quantized_out = q_out;
+                result
+            }
+        };
+        self.red.quantized = q;
+        if result.is_ok() {
+            self.user_stats.reduce_quantized += 1;
+        }
+        result
     }
 
     /// Runs a planned call and counts it.
@@ -409,7 +488,7 @@ impl Comm {
                 recv.copy_from_slice(send);
             }
             if let Bufs::InPlace(buf) | Bufs::Split(_, buf) = &mut bufs {
-                op::finish(plan.dtype, plan.op, buf, 1);
+                op::finish(plan.lanes, plan.fold_op, buf, 1);
             }
             Ok(())
         } else {
@@ -667,14 +746,14 @@ impl Comm {
                 Some(datagram) => &datagram.bytes[HDR_LEN..],
                 None => &[],
             };
-            op::fold(plan.dtype, plan.op, &mut self.red.acc[parity][at..at + len], payload);
+            op::fold(plan.lanes, plan.fold_op, &mut self.red.acc[parity][at..at + len], payload);
         }
         self.user_stats.reduce_folded += 1;
         if usize::from(self.red.folded_count[index]) + 1 < plan.ranks {
             return Ok(true);
         }
         // Complete: the result, to whoever needs it.
-        op::finish(plan.dtype, plan.op, &mut self.red.acc[parity][at..at + len], plan.ranks);
+        op::finish(plan.lanes, plan.fold_op, &mut self.red.acc[parity][at..at + len], plan.ranks);
         if plan.recipient(plan.me, chunk) || plan.owner(chunk) == plan.me {
             match bufs {
                 Bufs::InPlace(buf) => buf[plan.bytes(chunk)].copy_from_slice(&self.red.acc[parity][at..at + len]),
@@ -848,11 +927,11 @@ impl Comm {
         self.red.folded[word] |= bit;
         self.red.folded_count[index] += 1;
         let (len, at, parity) = (payload.len(), plan.acc_offset(chunk), (plan.seq % 2) as usize);
-        op::fold(plan.dtype, plan.op, &mut self.red.acc[parity][at..at + len], payload);
+        op::fold(plan.lanes, plan.fold_op, &mut self.red.acc[parity][at..at + len], payload);
         self.user_stats.reduce_folded += 1;
         if usize::from(self.red.folded_count[index]) + 1 == plan.ranks {
             // Every other rank was ahead of this one: complete already.
-            op::finish(plan.dtype, plan.op, &mut self.red.acc[parity][at..at + len], plan.ranks);
+            op::finish(plan.lanes, plan.fold_op, &mut self.red.acc[parity][at..at + len], plan.ranks);
             match bufs {
                 Bufs::InPlace(buf) => buf[plan.bytes(chunk)].copy_from_slice(&self.red.acc[parity][at..at + len]),
                 Bufs::Split(_, out) => {

@@ -58,6 +58,9 @@ pub struct UserStats {
     pub reduce_folded: u64,
     /// Results this rank sent as a chunk's owner (repeats included).
     pub reduce_results_sent: u64,
+    /// Float sums and averages done as quantized integer sums (the others
+    /// had NaN, infinite or all-zero inputs and were summed as floats).
+    pub reduce_quantized: u64,
     /// System calls the communicator made on its socket (sends, receives,
     /// polls): divided by the operations, the benchmarks' syscalls per
     /// operation.

@@ -157,6 +157,9 @@ pub struct aggbox_stats {
     pub reduce_folded: u64,
     /// Results this rank sent as a chunk's owner (repeats included).
     pub reduce_results_sent: u64,
+    /// Float sums and averages done as quantized integer sums (the others
+    /// had NaN, infinite or all-zero inputs and were summed as floats).
+    pub reduce_quantized: u64,
 }
 
 /// The smallest `size` accepted: up to and including `datapath`.
@@ -188,6 +191,7 @@ impl aggbox_stats {
             reduce_contributions_sent,
             reduce_folded,
             reduce_results_sent,
+            reduce_quantized,
         } = stats.user;
         aggbox_stats {
             size,
@@ -213,6 +217,7 @@ impl aggbox_stats {
             reduce_contributions_sent,
             reduce_folded,
             reduce_results_sent,
+            reduce_quantized,
         }
     }
 
@@ -256,7 +261,8 @@ impl aggbox_stats {
             reductions,
             reduce_contributions_sent,
             reduce_folded,
-            reduce_results_sent
+            reduce_results_sent,
+            reduce_quantized
         );
     }
 }

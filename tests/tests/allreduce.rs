@@ -155,6 +155,12 @@ fn every_dtype_and_op_on_2_3_5_and_8_ranks_and_each_datapath() {
         for datapath_of in [user as DatapathOf, kernel, mixed] {
             let reports = run(&cluster, n, datapath_of, &cases, &[]);
             assert!(total(&reports, "folded") > 0, "owners folded contributions");
+            // Float allreduce SUM and AVG and reduce SUM, of 1 and 1000
+            // elements (not 0), two float types: quantized.
+            let quantized_calls = 3 * 2 * 2;
+            for (i, report) in reports.iter().enumerate() {
+                assert_eq!(number(report, "quantized"), quantized_calls, "rank {i} of {n}");
+            }
         }
     }
 }
@@ -180,7 +186,9 @@ fn large_vectors_and_ieee_specials() {
     // NaN and ±Inf give the IEEE result in every float op.
     let specials: Vec<String> =
         FLOAT_TYPES.iter().flat_map(|d| ["sum", "min", "max", "avg"].map(|op| format!("allreduce:{d}:{op}:1000"))).collect();
-    run(&cluster, 5, mixed, &specials, &["--special"]);
+    let reports = run(&cluster, 5, mixed, &specials, &["--special"]);
+    // NaN or Inf in the inputs: summed as floats, not quantized.
+    assert_eq!(total(&reports, "quantized"), 0);
 }
 
 #[test]

@@ -325,11 +325,12 @@ fn main() {
     let stats = comm.stats().unwrap_or_else(|e| fail(&e));
     let u = stats.user;
     println!(
-        "report rank={} size={} datapath={} reductions={} retransmits={} duplicates={} contributions_sent={} folded={} results_sent={} sent={} received={} dropped_foreign={} dropped_malformed={} xdp_bad_token={} xdp_not_member={}",
+        "report rank={} size={} datapath={} reductions={} quantized={} retransmits={} duplicates={} contributions_sent={} folded={} results_sent={} sent={} received={} dropped_foreign={} dropped_malformed={} xdp_bad_token={} xdp_not_member={}",
         comm.rank(),
         comm.size(),
         comm.datapath().name(),
         u.reductions,
+        u.reduce_quantized,
         u.retransmits,
         u.duplicates,
         u.reduce_contributions_sent,
