@@ -91,6 +91,27 @@ struct aggbox_rxctl {
  * receive window, so the next broadcast (armed ahead when this one starts)
  * can land while the process is still copying this one out.
  */
+/*
+ * The reduction this communicator owns chunks of, armed by the process
+ * (seq 0: none) when the owners' sums are integer lane additions
+ * (docs/ALLREDUCE.md, "Kernel datapath"). XDP folds a RED_DATA only when
+ * every field matches its header, into the slot the process prepared.
+ */
+struct aggbox_redctl {
+	__u32 seq;
+	__u32 nchunks;
+	__u32 count; /* elements of the whole vector, as in the header */
+	__u8 dtype; /* the header's dtype */
+	__u8 op; /* the header's op byte (collective, QUANTIZED, operator) */
+	__u8 lane; /* bytes of an integer lane: 4 or 8 */
+	__u8 reserved;
+	__u32 ranks; /* contributions a chunk needs, the owner's own included */
+	__u32 base; /* this rank's first chunk */
+	__u32 stride; /* chunks between two of its chunks: owned index = (chunk - base) / stride */
+	__u32 chunk_bytes; /* bytes of a chunk */
+	__u32 last_bytes; /* bytes of the last chunk */
+};
+
 struct aggbox_ctl {
 	struct aggbox_rxctl rx[AGGBOX_RX_PHASES];
 	/* Sending (root): armed by the process for broadcast tx_seq (0: none). */
@@ -100,6 +121,7 @@ struct aggbox_ctl {
 	__u32 tx_notify; /* wake the root every this many chunks held by all */
 	__u32 tx_done; /* chunks held by every receiver (XDP adds) */
 	__u32 tx_reserved;
+	struct aggbox_redctl red;
 };
 
 #define AGGBOX_CLAIM_OPEN 0 /* armed ahead: the first chunk sets the parameters */

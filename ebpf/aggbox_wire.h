@@ -38,7 +38,8 @@ enum aggbox_kind {
 	AGGBOX_KIND_RED_RESULT = 11, /* owner -> rank: the result of chunk `chunk` of `seq` */
 	AGGBOX_KIND_RED_DONE = 12, /* owner -> contributor: "chunk `chunk` of `seq` is complete" */
 	AGGBOX_KIND_RED_ABORT = 13, /* any -> any: "reduction `seq` failed: rank `count`" */
-	AGGBOX_KIND_MAX = 14, /* first unused value */
+	AGGBOX_KIND_RED_SUM = 14, /* XDP -> its own host's socket: "owned chunk `chunk` of `seq` is summed" */
+	AGGBOX_KIND_MAX = 15, /* first unused value */
 };
 
 /* Header flags. */

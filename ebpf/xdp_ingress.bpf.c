@@ -3,11 +3,13 @@
  * XDP ingress: the first program an AggBox datagram meets on a host. It
  * drops (and counts) malformed datagrams and ones from non-members, places
  * broadcast chunks in receive windows and answers them, folds broadcast ACKs
- * at the root (aggbox_bcast.h), and passes everything else up.
+ * at the root (aggbox_bcast.h), folds reduction contributions at a chunk's
+ * owner (aggbox_reduce.h, with its tail-called fold stage below), and passes
+ * everything else up.
  */
 /* Folding ACKs needs atomic fetch-and-or: build.rs compiles this for BPF v3. */
 #define AGGBOX_NEEDS_ATOMICS 1
-#include "aggbox_bcast.h"
+#include "aggbox_reduce.h"
 
 SEC("xdp")
 int aggbox_xdp_ingress(struct xdp_md *ctx)
@@ -26,11 +28,22 @@ int aggbox_xdp_ingress(struct xdp_md *ctx)
 			return aggbox_xdp_bcast_data(ctx, &pkt, pkt.ctl);
 		if (pkt.hdr->kind == AGGBOX_KIND_BCAST_ACK)
 			return aggbox_xdp_bcast_ack(ctx, &pkt, pkt.ctl);
+		if (pkt.hdr->kind == AGGBOX_KIND_RED_DATA)
+			return aggbox_xdp_red_data(ctx, &pkt);
+		if (pkt.hdr->kind == AGGBOX_KIND_RED_SUM)
+			return XDP_DROP; /* only this program makes them */
 		return XDP_PASS;
 	case AGGBOX_OTHER:
 	default:
 		return XDP_PASS;
 	}
+}
+
+/* The fold stage, reached only by tail call (ab_redprogs). */
+SEC("xdp")
+int aggbox_xdp_red_fold(struct xdp_md *ctx)
+{
+	return aggbox_xdp_red_fold_stage(ctx);
 }
 
 char LICENSE[] SEC("license") = "Dual BSD/GPL";

@@ -6,6 +6,8 @@ include!(concat!(env!("OUT_DIR"), "/bpf_objects.rs"));
 pub mod programs {
     /// In [`super::XDP_INGRESS`].
     pub const XDP_INGRESS: &str = "aggbox_xdp_ingress";
+    /// In [`super::XDP_INGRESS`]: the reduction fold stage, tail-called.
+    pub const XDP_RED_FOLD: &str = "aggbox_xdp_red_fold";
     /// In [`super::TC_INGRESS`].
     pub const TC_INGRESS: &str = "aggbox_tc_ingress";
     /// In [`super::TC_EGRESS`].

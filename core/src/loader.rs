@@ -37,7 +37,7 @@ use std::{
 };
 
 use aya::{
-    maps::{HashMap, IterableMap, Map, MapData, PerCpuArray},
+    maps::{HashMap, IterableMap, Map, MapData, PerCpuArray, ProgramArray},
     programs::{links::FdLink, tc::TcAttachType, SchedClassifier, Xdp, XdpMode},
     EbpfLoader,
 };
@@ -46,7 +46,7 @@ use crate::{
     bpf,
     maps::{
         names, GroupValue, MemberKey, MemberValue, PortKey, PortValue, Prog, UserKey, UserValue, BSTAT_NAMES,
-        CTL_SLOTS, NO_CTL, STAT_MAX,
+        CTL_SLOTS, NO_CTL, RSTAT_NAMES, STAT_MAX,
     },
     netif::Interface,
     rendezvous::GroupInfo,
@@ -251,9 +251,11 @@ pub(crate) struct SharedMaps {
     users: HashMap<MapData, UserKey, UserValue>,
     stats: PerCpuArray<MapData, u64>,
     bstats: PerCpuArray<MapData, u64>,
+    rstats: PerCpuArray<MapData, u64>,
     ctl: MapData,
     rxwin: MapData,
     txwin: MapData,
+    redwin: MapData,
 }
 
 fn open_pinned_data(dir: &Path, name: &str) -> Result<MapData> {
@@ -282,9 +284,11 @@ impl SharedMaps {
             users: HashMap::try_from(typed(names::USERS)?).map_err(wrong(names::USERS))?,
             stats: PerCpuArray::try_from(typed(names::STATS)?).map_err(wrong(names::STATS))?,
             bstats: PerCpuArray::try_from(typed(names::BSTATS)?).map_err(wrong(names::BSTATS))?,
+            rstats: PerCpuArray::try_from(typed(names::RSTATS)?).map_err(wrong(names::RSTATS))?,
             ctl: open_pinned_data(dir, names::CTL)?,
             rxwin: open_pinned_data(dir, names::RXWIN)?,
             txwin: open_pinned_data(dir, names::TXWIN)?,
+            redwin: open_pinned_data(dir, names::REDWIN)?,
         })
     }
 
@@ -351,7 +355,23 @@ impl SharedMaps {
     /// Maps the windows of control block `index`.
     pub(crate) fn windows(&self, index: u32) -> Result<Windows> {
         use std::os::fd::AsFd;
-        Windows::map(index, self.ctl.fd().as_fd(), self.rxwin.fd().as_fd(), self.txwin.fd().as_fd())
+        Windows::map(
+            index,
+            self.ctl.fd().as_fd(),
+            self.rxwin.fd().as_fd(),
+            self.txwin.fd().as_fd(),
+            self.redwin.fd().as_fd(),
+        )
+    }
+
+    /// The reduction counters, indexed like [`RSTAT_NAMES`].
+    pub(crate) fn reduce_stats(&self) -> Result<[u64; RSTAT_NAMES.len()]> {
+        let mut out = [0u64; RSTAT_NAMES.len()];
+        for (i, value) in out.iter_mut().enumerate() {
+            let values = self.rstats.get(&(i as u32), 0).map_err(map_error("reading ab_rstats"))?;
+            *value = values.iter().sum();
+        }
+        Ok(out)
     }
 
     /// The broadcast counters.
@@ -418,18 +438,39 @@ fn program_error(what: String) -> impl FnOnce(aya::programs::ProgramError) -> Er
     move |e| Error::Unsupported(format!("{what}: {}", chain(&e)))
 }
 
+/// Loads the XDP object's programs: XDP ingress, and the reduction fold
+/// stage it tail-calls, which it puts in `ab_redprogs`. Returns XDP
+/// ingress, ready to attach (or to test-run).
+pub(crate) fn load_xdp(obj: &mut aya::Ebpf) -> Result<&mut Xdp> {
+    let fold: &mut Xdp = obj
+        .program_mut(bpf::programs::XDP_RED_FOLD)
+        .ok_or_else(|| Error::Internal("the fold stage is missing from the XDP object".into()))?
+        .try_into()
+        .map_err(program_error("the fold stage".into()))?;
+    fold.load().map_err(program_error("loading the reduction fold stage".into()))?;
+    let fd = fold
+        .fd()
+        .and_then(|fd| fd.try_clone().map_err(aya::programs::ProgramError::from))
+        .map_err(program_error("the fold stage's fd".into()))?;
+    let map = obj.map_mut(names::REDPROGS).ok_or_else(|| Error::Internal("ab_redprogs missing".into()))?;
+    let mut progs = ProgramArray::try_from(map).map_err(|e| Error::Internal(format!("ab_redprogs: {e}")))?;
+    progs.set(0, &fd, 0).map_err(map_error("putting the fold stage in ab_redprogs"))?;
+    let xdp: &mut Xdp = obj
+        .program_mut(bpf::programs::XDP_INGRESS)
+        .ok_or_else(|| Error::Internal("XDP program missing from its object".into()))?
+        .try_into()
+        .map_err(program_error("XDP program".into()))?;
+    xdp.load().map_err(program_error("loading XDP ingress".into()))?;
+    Ok(xdp)
+}
+
 /// Loads the programs, attaches them to `iface` and pins links and maps in
 /// `dir`. Returns the XDP mode it got.
 fn attach_fresh(iface: &Interface, dir: &Path) -> Result<XdpAttachMode> {
     fs::create_dir_all(dir).map_err(|e| Error::system(format!("creating {}", dir.display()), e))?;
 
     let mut xdp_obj = load_object(bpf::XDP_INGRESS, dir)?;
-    let xdp: &mut Xdp = xdp_obj
-        .program_mut(bpf::programs::XDP_INGRESS)
-        .ok_or_else(|| Error::Internal("XDP program missing from its object".into()))?
-        .try_into()
-        .map_err(program_error("XDP program".into()))?;
-    xdp.load().map_err(program_error(format!("loading XDP ingress for {}", iface.name)))?;
+    let xdp = load_xdp(&mut xdp_obj).map_err(|e| e.context(&iface.name))?;
     let (link_id, mode) = match xdp.attach_to_if_index(iface.index, XdpMode::Driver) {
         Ok(id) => (id, XdpAttachMode::Driver),
         Err(driver_err) => {
@@ -649,6 +690,12 @@ impl Attachment {
     /// like [`BSTAT_NAMES`].
     pub fn broadcast_stats(&self) -> Result<[u64; BSTAT_NAMES.len()]> {
         self.maps.broadcast_stats()
+    }
+
+    /// The reduction counters of the programs on this interface, indexed
+    /// like [`RSTAT_NAMES`].
+    pub fn reduce_stats(&self) -> Result<[u64; RSTAT_NAMES.len()]> {
+        self.maps.reduce_stats()
     }
 
     /// This communicator's kernel broadcast windows, if it got a control

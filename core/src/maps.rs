@@ -21,8 +21,15 @@ pub mod names {
     pub const RXWIN: &str = "ab_rxwin";
     /// Broadcast send windows (mmapable).
     pub const TXWIN: &str = "ab_txwin";
+    /// Reduction slots of owned chunks (mmapable).
+    pub const REDWIN: &str = "ab_redwin";
+    /// Per-CPU reduction counters.
+    pub const RSTATS: &str = "ab_rstats";
+    /// The reduction fold stage, for tail calls.
+    pub const REDPROGS: &str = "ab_redprogs";
     /// Every pinned map.
-    pub const ALL: [&str; 9] = [PORTS, GROUPS, MEMBERS, USERS, STATS, BSTATS, CTL, RXWIN, TXWIN];
+    pub const ALL: [&str; 12] =
+        [PORTS, GROUPS, MEMBERS, USERS, STATS, BSTATS, CTL, RXWIN, TXWIN, REDWIN, RSTATS, REDPROGS];
 }
 
 /// `struct aggbox_port_key`.
@@ -87,6 +94,60 @@ pub struct TxSlot {
     pub reserved: u32,
 }
 
+/// `AGGBOX_RED_SLOTS`: owned chunks a communicator sums in the kernel at once.
+pub const RED_SLOTS: u32 = 256;
+/// `AGGBOX_RED_SEG`: lanes one run of the fold stage adds.
+pub const RED_SEG: u32 = 128;
+
+/// `struct aggbox_redslot`: one owned chunk being summed by XDP.
+#[derive(Clone, Copy, Debug)]
+#[repr(C)]
+pub struct RedSlot {
+    /// `seq << 32 | chunk` of the chunk it sums; 0: not prepared.
+    pub tag: u64,
+    /// Contributors folded, one bit per rank.
+    pub bits: [u64; crate::wire::MAX_RANKS / 64],
+    /// How many.
+    pub count: u32,
+    /// 1 once complete.
+    pub done: u32,
+    /// The sum, in little-endian integer lanes.
+    pub acc: [u64; crate::wire::CHUNK_MAX / 8],
+}
+
+/// `struct aggbox_redctl`: the reduction whose owned chunks XDP folds.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[repr(C)]
+pub struct RedCtl {
+    /// The reduction armed (0: none).
+    pub seq: u32,
+    /// Its chunks.
+    pub nchunks: u32,
+    /// Elements of the whole vector.
+    pub count: u32,
+    /// The header's dtype.
+    pub dtype: u8,
+    /// The header's op byte.
+    pub op: u8,
+    /// Bytes of an integer lane: 4 or 8.
+    pub lane: u8,
+    /// Zero.
+    pub reserved: u8,
+    /// Contributions a chunk needs, the owner's own included.
+    pub ranks: u32,
+    /// This rank's first chunk.
+    pub base: u32,
+    /// Chunks between two of its chunks.
+    pub stride: u32,
+    /// Bytes of a chunk.
+    pub chunk_bytes: u32,
+    /// Bytes of the last chunk.
+    pub last_bytes: u32,
+}
+
+/// Names of the reduction counters (`enum aggbox_rstat`), in index order.
+pub const RSTAT_NAMES: [&str; 5] = ["folded", "sums", "duplicates", "to_user", "errors"];
+
 /// `struct aggbox_rxctl`: the receive side of one broadcast.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 #[repr(C)]
@@ -141,6 +202,8 @@ pub struct Ctl {
     pub tx_done: u32,
     /// Zero.
     pub tx_reserved: u32,
+    /// The reduction armed for kernel folding.
+    pub red: RedCtl,
 }
 
 /// `AGGBOX_CLAIM_OPEN`: armed ahead; the first chunk sets the parameters.
@@ -292,6 +355,11 @@ mod tests {
             "sizeof(struct aggbox_txslot)",
             "offsetof(struct aggbox_txslot, count)",
             "sizeof(struct aggbox_ctl)",
+            "offsetof(struct aggbox_ctl, red)",
+            "sizeof(struct aggbox_redctl)",
+            "offsetof(struct aggbox_redctl, lane)",
+            "offsetof(struct aggbox_redctl, ranks)",
+            "offsetof(struct aggbox_redctl, last_bytes)",
             "AGGBOX_RX_PHASES",
             "AGGBOX_RX_WINDOW",
             "sizeof(struct aggbox_rxctl)",
@@ -347,6 +415,11 @@ mod tests {
             size_of::<TxSlot>(),
             offset_of!(TxSlot, count),
             size_of::<Ctl>(),
+            offset_of!(Ctl, red),
+            size_of::<RedCtl>(),
+            offset_of!(RedCtl, lane),
+            offset_of!(RedCtl, ranks),
+            offset_of!(RedCtl, last_bytes),
             RX_PHASES as usize,
             RX_WINDOW as usize,
             size_of::<RxCtl>(),
@@ -387,5 +460,32 @@ mod tests {
         ];
         let rust: Vec<u64> = rust.into_iter().map(|v| v as u64).collect();
         assert_eq!(rust, c_values("aggbox_maps.h", &exprs));
+    }
+
+    #[test]
+    fn reduction_values_match_the_c_definitions() {
+        let exprs: Vec<String> = [
+            "AGGBOX_RED_SLOTS",
+            "AGGBOX_RED_SEG",
+            "sizeof(struct aggbox_redslot)",
+            "offsetof(struct aggbox_redslot, count)",
+            "offsetof(struct aggbox_redslot, done)",
+            "offsetof(struct aggbox_redslot, acc)",
+            "AGGBOX_RSTAT_MAX",
+            "AGGBOX_RSTAT_TO_USER",
+        ]
+        .map(String::from)
+        .to_vec();
+        let rust = vec![
+            RED_SLOTS as u64,
+            RED_SEG as u64,
+            size_of::<RedSlot>() as u64,
+            offset_of!(RedSlot, count) as u64,
+            offset_of!(RedSlot, done) as u64,
+            offset_of!(RedSlot, acc) as u64,
+            RSTAT_NAMES.len() as u64,
+            RSTAT_NAMES.iter().position(|n| *n == "to_user").unwrap() as u64,
+        ];
+        assert_eq!(rust, c_values("aggbox_reduce.h", &exprs));
     }
 }

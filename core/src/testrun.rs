@@ -12,7 +12,7 @@ use std::{
     sync::atomic::{AtomicU32, Ordering},
 };
 
-use aya::programs::{SchedClassifier, Xdp};
+use aya::programs::SchedClassifier;
 
 use crate::{
     bpf,
@@ -125,12 +125,7 @@ impl Harness {
                 objects.push(loader::load_object(bytes, &dir)?);
             }
             let load = |e: aya::programs::ProgramError| Error::Unsupported(format!("loading: {e}"));
-            let xdp: &mut Xdp = objects[0]
-                .program_mut(bpf::programs::XDP_INGRESS)
-                .unwrap()
-                .try_into()
-                .map_err(load)?;
-            xdp.load().map_err(load)?;
+            loader::load_xdp(&mut objects[0])?;
             for (object, name) in objects[1..].iter_mut().zip([bpf::programs::TC_INGRESS, bpf::programs::TC_EGRESS]) {
                 let tc: &mut SchedClassifier = object.program_mut(name).unwrap().try_into().map_err(load)?;
                 tc.load().map_err(load)?;
@@ -165,6 +160,11 @@ impl Harness {
         let windows = self.maps.windows(ctl)?;
         windows.reset();
         Ok(windows)
+    }
+
+    /// The reduction counters, indexed like [`crate::maps::RSTAT_NAMES`].
+    pub fn reduce_stats(&self) -> Result<[u64; crate::maps::RSTAT_NAMES.len()]> {
+        self.maps.reduce_stats()
     }
 
     /// The broadcast counters, indexed like [`crate::maps::BSTAT_NAMES`].

@@ -13,7 +13,8 @@ use std::{
 
 use crate::{
     maps::{
-        Ctl, RxCtl, RxSlot, TxSlot, CLAIM_BUSY, CLAIM_OPEN, CLAIM_SET, CTL_SLOTS, RX_PHASES, RX_SLOTS, RX_WINDOW, TX_SLOTS,
+        Ctl, RedCtl, RedSlot, RxCtl, RxSlot, TxSlot, CLAIM_BUSY, CLAIM_OPEN, CLAIM_SET, CTL_SLOTS, RED_SLOTS, RX_PHASES,
+        RX_SLOTS, RX_WINDOW, TX_SLOTS,
     },
     Error, Result,
 };
@@ -92,11 +93,18 @@ pub struct Windows {
     ctl: Mapping,
     rx: Mapping,
     tx: Mapping,
+    red: Mapping,
 }
 
 impl Windows {
     /// Maps the windows of control block `index` from the three maps' fds.
-    pub fn map(index: u32, ctl: BorrowedFd<'_>, rx: BorrowedFd<'_>, tx: BorrowedFd<'_>) -> Result<Windows> {
+    pub fn map(
+        index: u32,
+        ctl: BorrowedFd<'_>,
+        rx: BorrowedFd<'_>,
+        tx: BorrowedFd<'_>,
+        red: BorrowedFd<'_>,
+    ) -> Result<Windows> {
         if index >= CTL_SLOTS {
             return Err(Error::Internal(format!("control block {index} out of range")));
         }
@@ -105,6 +113,7 @@ impl Windows {
             ctl: Mapping::new(ctl, CTL_SLOTS as usize * elem(size_of::<Ctl>()), "ab_ctl")?,
             rx: Mapping::new(rx, (CTL_SLOTS * RX_SLOTS) as usize * elem(size_of::<RxSlot>()), "ab_rxwin")?,
             tx: Mapping::new(tx, (CTL_SLOTS * TX_SLOTS) as usize * elem(size_of::<TxSlot>()), "ab_txwin")?,
+            red: Mapping::new(red, (CTL_SLOTS * RED_SLOTS) as usize * elem(size_of::<RedSlot>()), "ab_redwin")?,
         };
         Ok(windows)
     }
@@ -380,6 +389,120 @@ impl Windows {
         self.tx_bits(chunk, rank / 64).load(std::sync::atomic::Ordering::Acquire) & (1u64 << (rank % 64)) != 0
     }
 
+    /// The reduction slot of owned chunk `owned` (its index among this
+    /// rank's chunks).
+    pub fn red_slot(&self, owned: u32) -> *mut RedSlot {
+        let slot = self.index * RED_SLOTS + (owned & (RED_SLOTS - 1));
+        // SAFETY: slot < CTL_SLOTS * RED_SLOTS, inside the mapping.
+        unsafe { self.red.ptr.add(slot as usize * elem(size_of::<RedSlot>())).cast() }
+    }
+
+    fn red_tag(&self, owned: u32) -> &AtomicU64 {
+        // SAFETY: the first (8-aligned) field of a slot in the mapping.
+        unsafe { &*(std::ptr::addr_of!((*self.red_slot(owned)).tag) as *const AtomicU64) }
+    }
+
+    fn red_bits(&self, owned: u32, word: usize) -> &AtomicU64 {
+        // SAFETY: an 8-aligned field of a slot in the mapping.
+        unsafe { &*(std::ptr::addr_of!((*self.red_slot(owned)).bits[word]) as *const AtomicU64) }
+    }
+
+    fn red_count(&self, owned: u32) -> &AtomicU32 {
+        // SAFETY: a 4-aligned field of a slot in the mapping.
+        unsafe { &*(std::ptr::addr_of!((*self.red_slot(owned)).count) as *const AtomicU32) }
+    }
+
+    fn red_done(&self, owned: u32) -> &AtomicU32 {
+        // SAFETY: a 4-aligned field of a slot in the mapping.
+        unsafe { &*(std::ptr::addr_of!((*self.red_slot(owned)).done) as *const AtomicU32) }
+    }
+
+    /// Arms XDP to fold the reduction `red` (seq last). Stop it with
+    /// [`Windows::disarm_red`].
+    pub fn arm_red(&self, red: &RedCtl) {
+        use std::sync::atomic::Ordering::Release;
+        let seq = self.ctl_field(std::mem::offset_of!(Ctl, red) + std::mem::offset_of!(RedCtl, seq));
+        seq.store(0, Release);
+        std::sync::atomic::fence(std::sync::atomic::Ordering::SeqCst);
+        // SAFETY: XDP reads these fields only when seq is nonzero; seq is 0.
+        unsafe { std::ptr::addr_of_mut!((*self.ctl()).red).write(RedCtl { seq: 0, ..*red }) };
+        seq.store(red.seq, Release);
+    }
+
+    /// Stops folding.
+    pub fn disarm_red(&self) {
+        self.ctl_field(std::mem::offset_of!(Ctl, red) + std::mem::offset_of!(RedCtl, seq))
+            .store(0, std::sync::atomic::Ordering::Release);
+    }
+
+    /// Readies the slot of owned chunk `owned` (chunk `chunk` of reduction
+    /// `seq`) with this rank's own contribution `own` as the starting sum:
+    /// its bit `rank` set and a count of 1; the tag last.
+    pub fn prepare_red(&self, owned: u32, seq: u32, chunk: u32, rank: usize, own: &[u8]) {
+        use std::sync::atomic::Ordering::{Relaxed, Release};
+        self.red_tag(owned).store(0, Release);
+        std::sync::atomic::fence(std::sync::atomic::Ordering::SeqCst);
+        for word in 0..crate::wire::MAX_RANKS / 64 {
+            self.red_bits(owned, word).store(0, Relaxed);
+        }
+        self.red_bits(owned, rank / 64).store(1 << (rank % 64), Relaxed);
+        self.red_count(owned).store(1, Relaxed);
+        self.red_done(owned).store(0, Relaxed);
+        let len = own.len().min(crate::wire::CHUNK_MAX);
+        // SAFETY: the acc field of a slot inside the mapping; XDP does not
+        // touch a slot whose tag does not match (it is 0 now).
+        unsafe {
+            let acc = std::ptr::addr_of_mut!((*self.red_slot(owned)).acc).cast::<u8>();
+            std::ptr::copy_nonoverlapping(own.as_ptr(), acc, len);
+        }
+        self.red_tag(owned).store(tag(seq, chunk), Release);
+    }
+
+    /// Whether owned chunk `owned`'s slot sums chunk `chunk` of `seq`.
+    pub fn red_holds(&self, owned: u32, seq: u32, chunk: u32) -> bool {
+        self.red_tag(owned).load(std::sync::atomic::Ordering::Acquire) == tag(seq, chunk)
+    }
+
+    /// Folds, from user space, `rank`'s contribution `lanes` (of `lane`
+    /// bytes each) into owned chunk `owned`'s slot, as XDP would. Returns
+    /// `None` for a repeat, else whether it completed the chunk (`ranks`
+    /// contributions).
+    pub fn fold_red(&self, owned: u32, rank: usize, lanes: &[u8], lane: usize, ranks: u32) -> Option<bool> {
+        use std::sync::atomic::Ordering::AcqRel;
+        let bit = 1u64 << (rank % 64);
+        if self.red_bits(owned, rank / 64).fetch_or(bit, AcqRel) & bit != 0 {
+            return None;
+        }
+        let acc = self.red_slot(owned).cast::<u8>().wrapping_add(std::mem::offset_of!(RedSlot, acc));
+        for (i, x) in lanes.chunks_exact(lane).enumerate() {
+            // SAFETY: lane-aligned offsets inside the slot's acc (the caller
+            // gives at most CHUNK_MAX bytes); concurrent adds are atomic.
+            unsafe {
+                if lane == 8 {
+                    let v = u64::from_le_bytes(x.try_into().unwrap());
+                    (*acc.add(i * 8).cast::<AtomicU64>()).fetch_add(v, AcqRel);
+                } else {
+                    let v = u32::from_le_bytes(x.try_into().unwrap());
+                    (*acc.add(i * 4).cast::<AtomicU32>()).fetch_add(v, AcqRel);
+                }
+            }
+        }
+        let count = self.red_count(owned).fetch_add(1, AcqRel) + 1;
+        Some(count == ranks && self.red_done(owned).compare_exchange(0, 1, AcqRel, std::sync::atomic::Ordering::Acquire).is_ok())
+    }
+
+    /// Copies owned chunk `owned`'s sum (`dst.len()` bytes) out of its slot.
+    pub fn copy_red(&self, owned: u32, dst: &mut [u8]) {
+        std::sync::atomic::fence(std::sync::atomic::Ordering::Acquire);
+        let len = dst.len().min(crate::wire::CHUNK_MAX);
+        // SAFETY: the acc field of a slot inside the mapping, complete (no
+        // CPU adds to it any more); dst does not overlap the mapping.
+        unsafe {
+            let acc = std::ptr::addr_of!((*self.red_slot(owned)).acc).cast::<u8>();
+            std::ptr::copy_nonoverlapping(acc, dst.as_mut_ptr(), len);
+        }
+    }
+
     /// Clears this communicator's control block and the tags of its slots,
     /// so nothing a previous user left can pass for a chunk of ours.
     pub fn reset(&self) {
@@ -394,6 +517,9 @@ impl Windows {
             }
             for chunk in 0..TX_SLOTS {
                 self.tx_slot(chunk).write(TxSlot::default());
+            }
+            for owned in 0..RED_SLOTS {
+                (*self.red_slot(owned)).tag = 0;
             }
         }
         std::sync::atomic::fence(std::sync::atomic::Ordering::SeqCst);

@@ -73,6 +73,9 @@ pub enum Kind {
     RedDone = 12,
     /// any -> any: "reduction `seq` failed: rank `count`".
     RedAbort = 13,
+    /// XDP -> its own host's socket: "owned chunk `chunk` of reduction
+    /// `seq` is summed" (in the mapped slot; no body).
+    RedSum = 14,
 }
 
 impl Kind {
@@ -92,6 +95,7 @@ impl Kind {
             11 => Kind::RedResult,
             12 => Kind::RedDone,
             13 => Kind::RedAbort,
+            14 => Kind::RedSum,
             _ => return None,
         })
     }
@@ -235,6 +239,7 @@ mod tests {
                 "AGGBOX_KIND_RED_RESULT",
                 "AGGBOX_KIND_RED_DONE",
                 "AGGBOX_KIND_RED_ABORT",
+                "AGGBOX_KIND_RED_SUM",
                 "AGGBOX_KIND_MAX",
             ]
             .map(String::from),
@@ -278,7 +283,8 @@ mod tests {
             Kind::RedResult as u64,
             Kind::RedDone as u64,
             Kind::RedAbort as u64,
-            Kind::RedAbort as u64 + 1,
+            Kind::RedSum as u64,
+            Kind::RedSum as u64 + 1,
         ];
         assert_eq!(rust, c);
     }

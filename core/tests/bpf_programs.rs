@@ -474,3 +474,95 @@ fn a_window_armed_ahead_takes_the_first_chunks_parameters() {
     let wrong = aggbox_core::window::RxArm { count: count - 1, ..arm };
     assert_eq!(windows.claim_for_call(&wrong), Err((1, count, 0)));
 }
+
+// ---- Reductions (docs/ALLREDUCE.md, "Kernel datapath") ---------------------
+
+const RED_DATA: u8 = 10;
+const RED_SUM: u8 = 14;
+
+fn rstat(h: &Harness, name: &str) -> u64 {
+    h.reduce_stats().unwrap()[aggbox_core::maps::RSTAT_NAMES.iter().position(|n| *n == name).unwrap()]
+}
+
+/// A RED_DATA header of chunk `chunk` of allreduce `seq` (i32 SUM), from
+/// `sender`.
+fn red_header(sender: u16, seq: u32, chunk: u32, nchunks: u32, count: u32) -> Vec<u8> {
+    let mut h = bcast_header(RED_DATA, sender, seq, chunk, nchunks, count);
+    h[14] = 1; // dtype i32
+    h[15] = 0x10; // allreduce, sum
+    h
+}
+
+fn i32_bytes(values: &[i32]) -> Vec<u8> {
+    values.iter().flat_map(|v| v.to_le_bytes()).collect()
+}
+
+#[test]
+fn xdp_folds_contributions_at_the_owner_and_completes_once() {
+    use aggbox_core::maps::RedCtl;
+    const THIRD_IP: Ipv4Addr = Ipv4Addr::new(10, 77, 0, 3);
+    const THIRD_PORT: u16 = 47_003;
+    let mut h = Harness::new().unwrap();
+    let mut g = group();
+    g.peers.push(PeerInfo { rank: 2, ipv4: THIRD_IP, mac: [2, 0, 0, 0, 0, 3], port: THIRD_PORT, datapath: Datapath::Kernel, mtu: 1500 });
+    let windows = h.register_with_windows(LOCAL_IP, LOCAL_PORT, &g, CTL).unwrap();
+    // Allreduce #5 of two chunks of i32 on 3 ranks: this rank (0) owns
+    // chunk 0 (chunk % 3), owned index 0.
+    let lanes = P / 4;
+    let count = 2 * lanes as u32;
+    windows.arm_red(&RedCtl {
+        seq: 5,
+        nchunks: 2,
+        count,
+        dtype: 1,
+        op: 0x10,
+        lane: 4,
+        reserved: 0,
+        ranks: 3,
+        base: 0,
+        stride: 3,
+        chunk_bytes: P as u32,
+        last_bytes: P as u32,
+    });
+    let own: Vec<i32> = (0..lanes as i32).map(|i| i * 3 - 1000).collect();
+    let c1: Vec<i32> = (0..lanes as i32).map(|i| i32::MAX - i).collect();
+    let c2: Vec<i32> = (0..lanes as i32).map(|i| i * i - 7).collect();
+    windows.prepare_red(0, 5, 0, 0, &i32_bytes(&own));
+
+    let mut d1 = red_header(1, 5, 0, 2, count);
+    d1.extend(i32_bytes(&c1));
+    let from1 = inbound(&d1);
+    assert_eq!(h.run(Prog::XdpIngress, &from1).unwrap().retval, xdp::DROP, "folded, dropped");
+    assert_eq!(h.run(Prog::XdpIngress, &from1).unwrap().retval, xdp::DROP, "a repeat, dropped");
+    assert_eq!((rstat(&h, "folded"), rstat(&h, "duplicates"), rstat(&h, "sums")), (1, 1, 0));
+
+    let mut d2 = red_header(2, 5, 0, 2, count);
+    d2.extend(i32_bytes(&c2));
+    let out = h.run(Prog::XdpIngress, &udp(THIRD_IP, THIRD_PORT, LOCAL_IP, LOCAL_PORT, &d2)).unwrap();
+    assert_eq!(out.retval, xdp::PASS, "the completing contribution goes up");
+    assert_eq!(kind_of(&out.frame), RED_SUM);
+    assert_eq!(out.frame.len(), 14 + 20 + 8 + 40, "payload cut: the sum is in the slot");
+    assert!(ipv4_checksum_ok(&out.frame[14..34]));
+    let mut sum = vec![0u8; P];
+    windows.copy_red(0, &mut sum);
+    let want: Vec<i32> = (0..lanes).map(|i| own[i].wrapping_add(c1[i]).wrapping_add(c2[i])).collect();
+    assert_eq!(sum, i32_bytes(&want), "the slot holds the wrapping sum");
+    assert_eq!((rstat(&h, "folded"), rstat(&h, "sums")), (2, 1));
+
+    // A repeat after completion goes up unchanged: the process answers it.
+    let out = h.run(Prog::XdpIngress, &from1).unwrap();
+    assert_eq!((out.retval, kind_of(&out.frame), out.frame.len()), (xdp::PASS, RED_DATA, from1.len()));
+    // Not this rank's chunk, or another call: user space's to judge.
+    let mut other = red_header(1, 5, 1, 2, count);
+    other.extend(i32_bytes(&c1));
+    assert_eq!(h.run(Prog::XdpIngress, &inbound(&other)).unwrap().retval, xdp::PASS);
+    let mut wrong_count = red_header(1, 5, 0, 2, count + 1);
+    wrong_count.extend(i32_bytes(&c1));
+    assert_eq!(h.run(Prog::XdpIngress, &inbound(&wrong_count)).unwrap().retval, xdp::PASS);
+    // A RED_SUM from the wire is dropped: only XDP makes them.
+    let mut forged = red_header(1, 5, 0, 2, count);
+    forged[5] = RED_SUM;
+    assert_eq!(h.run(Prog::XdpIngress, &inbound(&forged)).unwrap().retval, xdp::DROP);
+    assert_eq!((rstat(&h, "to_user"), rstat(&h, "errors")), (2, 0));
+    assert_eq!(windows.red_holds(0, 5, 0), true);
+}
