@@ -669,8 +669,15 @@ enum aggbox_status aggbox_ibroadcast(struct aggbox_comm *comm, void *buf, size_t
  * `AGGBOX_OP_SUM` wraps around on integers; `AGGBOX_OP_MIN` and
  * `AGGBOX_OP_MAX` give NaN when any contribution is NaN;
  * `AGGBOX_OP_AVG` (floats only) is the sum divided by the number of ranks.
- * Every rank gets the same result, bit for bit; a float sum adds the
- * contributions in an order that may change from call to call.
+ * Every rank gets the same result, bit for bit. A float SUM or AVG is
+ * computed as a sum of integers quantized below a scale the ranks agree
+ * on (the largest |x| of the call, on any rank, rounded up to a power of
+ * two), so its result does not depend on the order contributions arrive
+ * in, and it is off by less than 3.0e-7 x N x max|x| (f32) or 1.2e-16 x
+ * N x max|x| (f64), N ranks: an element much smaller than max|x| keeps
+ * fewer significant bits. When an input is NaN or infinite (or all are
+ * 0) the floats are summed instead, IEEE addition in arrival order
+ * (docs/ALLREDUCE.md).
  *
  * Fails, with nothing sent, with `AGGBOX_ERR_INVALID_ARGUMENT` when
  * `sendbuf` or `recvbuf` is NULL and `count` is not 0, the two overlap
@@ -733,21 +740,21 @@ enum aggbox_status aggbox_allreduce(struct aggbox_comm *comm, const void *sendbu
 enum aggbox_status aggbox_reduce(struct aggbox_comm *comm, const void *sendbuf, void *recvbuf, size_t count, aggbox_dtype dtype, aggbox_op op, int root);
 
 /**
- * Reduces `size × recvcount` elements of `dtype` with `op` across every
+ * Reduces `size x recvcount` elements of `dtype` with `op` across every
  * rank of `comm` (`size` being `aggbox_comm_size(comm)`) and scatters the
  * result: when it returns `AGGBOX_OK`, rank `r`'s `recvbuf` holds the
- * `recvcount` elements of the result from index `r × recvcount`, each one
+ * `recvcount` elements of the result from index `r x recvcount`, each one
  * `op` over the ranks' `sendbuf` at that index (`op` as in
  * `aggbox_allreduce`; as `MPI_Reduce_scatter_block`). `sendbuf` holds
- * `size × recvcount` elements, `recvbuf` `recvcount`; the two must not
+ * `size x recvcount` elements, `recvbuf` `recvcount`; the two must not
  * overlap (there is no in-place form). Every rank calls it with the same
  * `recvcount`, `dtype` and `op`, in the same order as its other
  * collectives.
  *
  * Fails, with nothing sent, with `AGGBOX_ERR_INVALID_ARGUMENT` when
  * `sendbuf` or `recvbuf` is NULL and `recvcount` is not 0, they overlap,
- * `recvcount × size` overflows `size_t`, or for any of the reasons of
- * `aggbox_allreduce` (`dtype`, `op`, the `size × recvcount` elements of
+ * `recvcount x size` overflows `size_t`, or for any of the reasons of
+ * `aggbox_allreduce` (`dtype`, `op`, the `size x recvcount` elements of
  * `sendbuf`). Fails with `AGGBOX_ERR_INVALID_ARGUMENT` on every rank, the
  * message saying "mismatched collective calls", when the ranks'
  * `recvcount`, `dtype` or `op` disagree; with `AGGBOX_ERR_PEER_FAILED`
@@ -761,7 +768,7 @@ enum aggbox_status aggbox_reduce(struct aggbox_comm *comm, const void *sendbuf, 
  * # Safety
  *
  * `comm` is NULL or a live communicator; `sendbuf` is NULL or valid for
- * reading `size × recvcount` elements of `dtype`, `recvbuf` NULL or valid
+ * reading `size x recvcount` elements of `dtype`, `recvbuf` NULL or valid
  * for writing `recvcount` of them.
  */
 enum aggbox_status aggbox_reduce_scatter(struct aggbox_comm *comm, const void *sendbuf, void *recvbuf, size_t recvcount, aggbox_dtype dtype, aggbox_op op);
@@ -769,8 +776,8 @@ enum aggbox_status aggbox_reduce_scatter(struct aggbox_comm *comm, const void *s
 /**
  * Gathers `sendcount` elements of `dtype` from every rank of `comm` onto
  * every rank (as `MPI_Allgather`): when it returns `AGGBOX_OK`, every
- * rank's `recvbuf` holds, from index `r × sendcount`, rank `r`'s `sendbuf`,
- * for every rank `r`. `recvbuf` holds `size × sendcount` elements (`size`
+ * rank's `recvbuf` holds, from index `r x sendcount`, rank `r`'s `sendbuf`,
+ * for every rank `r`. `recvbuf` holds `size x sendcount` elements (`size`
  * being `aggbox_comm_size(comm)`); the two buffers must not overlap (there
  * is no in-place form). Nothing is reduced, so every `aggbox_dtype` is
  * accepted, `AGGBOX_DTYPE_U8` too. Every rank calls it with the same
@@ -779,7 +786,7 @@ enum aggbox_status aggbox_reduce_scatter(struct aggbox_comm *comm, const void *s
  *
  * Fails, with nothing sent, with `AGGBOX_ERR_INVALID_ARGUMENT` when
  * `sendbuf` or `recvbuf` is NULL and `sendcount` is not 0, they overlap,
- * `dtype` is not an `aggbox_dtype`, `sendcount × size` overflows `size_t`
+ * `dtype` is not an `aggbox_dtype`, `sendcount x size` overflows `size_t`
  * or its elements do not fit in memory, or `sendcount` is more than
  * 2^32 - 1. Fails with `AGGBOX_ERR_INVALID_ARGUMENT`, the message saying
  * "mismatched collective calls", when the ranks' `sendcount` or `dtype`
@@ -795,7 +802,7 @@ enum aggbox_status aggbox_reduce_scatter(struct aggbox_comm *comm, const void *s
  *
  * `comm` is NULL or a live communicator; `sendbuf` is NULL or valid for
  * reading `sendcount` elements of `dtype`, `recvbuf` NULL or valid for
- * reading and writing `size × sendcount` of them.
+ * reading and writing `size x sendcount` of them.
  */
 enum aggbox_status aggbox_allgather(struct aggbox_comm *comm, const void *sendbuf, void *recvbuf, size_t sendcount, aggbox_dtype dtype);
 

@@ -6,6 +6,10 @@
  *
  *   aggbox::Communicator comm = aggbox::Communicator::from_env();
  *   comm.barrier();                       // throws aggbox::Error on failure
+ *   std::vector<float> grad(n);
+ *   comm.allreduce(grad.data(), n, AGGBOX_OP_SUM);               // in place
+ *   aggbox::Request r = comm.iallreduce(grad.data(), n, AGGBOX_OP_AVG);
+ *   r.wait();                             // grad is the library's until then
  *
  * Compile with -std=c++17 (or later), -I<aggbox>/include and
  * -I<aggbox>/bindings/cpp, and link with -laggbox. Everything here is inline
@@ -23,6 +27,13 @@
  * the same communicator throws aggbox::Error with
  * AGGBOX_ERR_INVALID_ARGUMENT. rank(), size(), datapath() and
  * datapath_reason() may be called at any time.
+ *
+ * Buffers. The collectives take a pointer and a count of elements, as in C,
+ * either untyped (with an aggbox_dtype) or typed: the element type then
+ * gives the aggbox_dtype (aggbox::dtype_of). Asynchronous operations return
+ * an aggbox::Request; their buffers belong to the library until it has
+ * finished (wait() returned, test() returned true, or the Request was
+ * destroyed, which waits for it).
  */
 #ifndef AGGBOX_HPP
 #define AGGBOX_HPP
@@ -36,8 +47,10 @@
 #endif
 
 #include <cstddef>
+#include <cstdint>
 #include <stdexcept>
 #include <string>
+#include <type_traits>
 #include <utility>
 
 #include "aggbox.h"
@@ -84,6 +97,106 @@ inline void check(aggbox_status status) {
         throw Error(status, message);
     }
 }
+
+namespace detail {
+
+template <typename T>
+constexpr bool always_false = false;
+
+/// The aggbox_dtype of elements of type T; not defined for other types.
+template <typename T>
+constexpr aggbox_dtype dtype_of() noexcept {
+    using U = std::remove_cv_t<T>;
+    if constexpr (std::is_same_v<U, float> && sizeof(float) == 4) {
+        return AGGBOX_DTYPE_F32;
+    } else if constexpr (std::is_same_v<U, double> && sizeof(double) == 8) {
+        return AGGBOX_DTYPE_F64;
+    } else if constexpr (std::is_integral_v<U> && !std::is_same_v<U, bool> && sizeof(U) == 1 &&
+                         std::is_unsigned_v<U>) {
+        return AGGBOX_DTYPE_U8;
+    } else if constexpr (std::is_integral_v<U> && !std::is_same_v<U, bool> && sizeof(U) == 4) {
+        return std::is_signed_v<U> ? AGGBOX_DTYPE_I32 : AGGBOX_DTYPE_U32;
+    } else if constexpr (std::is_integral_v<U> && !std::is_same_v<U, bool> && sizeof(U) == 8) {
+        return std::is_signed_v<U> ? AGGBOX_DTYPE_I64 : AGGBOX_DTYPE_U64;
+    } else {
+        static_assert(always_false<T>,
+                      "aggbox: no aggbox_dtype for this element type (take float, double, 32- or 64-bit "
+                      "integers, or uint8_t)");
+        return AGGBOX_DTYPE_U8;
+    }
+}
+
+}  // namespace detail
+
+/// The aggbox_dtype of C++ elements of type T: float (AGGBOX_DTYPE_F32),
+/// double (F64), 32- and 64-bit signed and unsigned integers (I32, U32, I64,
+/// U64) and uint8_t (U8, for allgather; bytes are not reduced). Any other
+/// type fails to compile.
+template <typename T>
+inline constexpr aggbox_dtype dtype_of = detail::dtype_of<T>();
+
+/// An asynchronous operation in progress: owns an aggbox_request, made by
+/// Communicator::iallreduce, and frees it (aggbox_request_free) when it goes
+/// out of scope, first waiting for the operation if it has not finished, so
+/// that its buffers may be reused once the Request is gone (its status is
+/// then lost: call wait() to know it). Move-only. It may be waited for or
+/// tested from any thread, and it stays valid after its Communicator is
+/// destroyed. A moved-from Request holds nothing: wait() and test() throw
+/// Error with AGGBOX_ERR_INVALID_ARGUMENT.
+class Request {
+public:
+    /// Takes ownership of `request`, from aggbox_ibroadcast() or
+    /// aggbox_iallreduce() (or nullptr), which this object will free.
+    static Request adopt(aggbox_request *request) noexcept { return Request(request); }
+
+    Request(const Request &) = delete;
+    Request &operator=(const Request &) = delete;
+
+    /// Takes the request of `other`, which is left empty.
+    Request(Request &&other) noexcept : request_(std::exchange(other.request_, nullptr)) {}
+
+    /// Frees this object's request (waiting for it) and takes the one of
+    /// `other`, which is left empty.
+    Request &operator=(Request &&other) noexcept {
+        if (this != &other) {
+            aggbox_request_free(request_);
+            request_ = std::exchange(other.request_, nullptr);
+        }
+        return *this;
+    }
+
+    /// Waits for the operation if it has not finished, then frees it.
+    ~Request() { aggbox_request_free(request_); }
+
+    /// Blocks until the operation has finished (aggbox_wait). Throws Error
+    /// with its status when it failed (e.g. AGGBOX_ERR_PEER_FAILED, the
+    /// message naming the rank and the operation); waiting again throws the
+    /// same.
+    void wait() { check(aggbox_wait(request_)); }
+
+    /// Whether the operation has finished, without waiting (aggbox_test).
+    /// Throws Error when it finished with a failure.
+    [[nodiscard]] bool test() {
+        int done = 0;
+        check(aggbox_test(request_, &done));
+        return done != 0;
+    }
+
+    /// The aggbox_request, still owned by this object (nullptr when empty).
+    [[nodiscard]] aggbox_request *get() const noexcept { return request_; }
+
+    /// Gives up ownership: returns the aggbox_request, which the caller must
+    /// now free with aggbox_request_free(), and leaves this object empty.
+    [[nodiscard]] aggbox_request *release() noexcept { return std::exchange(request_, nullptr); }
+
+    /// Whether this object holds a request.
+    explicit operator bool() const noexcept { return request_ != nullptr; }
+
+private:
+    explicit Request(aggbox_request *request) noexcept : request_(request) {}
+
+    aggbox_request *request_ = nullptr;
+};
 
 /// An aggbox_config with `size` and every default set by
 /// aggbox_config_init(): rank 0, world_size 1, master_addr "127.0.0.1",
@@ -178,6 +291,106 @@ public:
         stats.size = sizeof stats;
         check(aggbox_comm_stats(comm_, &stats));
         return stats;
+    }
+
+    /// Reduces `count` elements of `dtype` with `op` across every rank
+    /// (aggbox_allreduce): every rank's `recvbuf` gets, at each index, `op`
+    /// over the ranks' `sendbuf`. In place when `sendbuf == recvbuf`.
+    /// Throws Error (AGGBOX_ERR_INVALID_ARGUMENT for a NULL buffer, AVG on
+    /// integers or u8 elements, mismatched calls; AGGBOX_ERR_PEER_FAILED
+    /// naming a rank that stopped answering; ...).
+    void allreduce(const void *sendbuf, void *recvbuf, std::size_t count, aggbox_dtype dtype, aggbox_op op) {
+        check(aggbox_allreduce(comm_, sendbuf, recvbuf, count, dtype, op));
+    }
+
+    /// allreduce() of `count` elements of T from `sendbuf` into `recvbuf`.
+    template <typename T>
+    void allreduce(const T *sendbuf, T *recvbuf, std::size_t count, aggbox_op op) {
+        allreduce(sendbuf, recvbuf, count, dtype_of<T>, op);
+    }
+
+    /// allreduce() of `count` elements of T in place.
+    template <typename T>
+    void allreduce(T *buf, std::size_t count, aggbox_op op) {
+        allreduce(buf, buf, count, dtype_of<T>, op);
+    }
+
+    /// Reduces `count` elements of `dtype` with `op` into `recvbuf` at rank
+    /// `root` (aggbox_reduce); `recvbuf` is only used at the root (it may
+    /// be nullptr elsewhere), in place there when `sendbuf == recvbuf`.
+    /// Throws Error as allreduce() does, and for a `root` that is not a
+    /// rank.
+    void reduce(const void *sendbuf, void *recvbuf, std::size_t count, aggbox_dtype dtype, aggbox_op op, int root) {
+        check(aggbox_reduce(comm_, sendbuf, recvbuf, count, dtype, op, root));
+    }
+
+    /// reduce() of `count` elements of T from `sendbuf` into `recvbuf` at
+    /// `root`.
+    template <typename T>
+    void reduce(const T *sendbuf, T *recvbuf, std::size_t count, aggbox_op op, int root) {
+        reduce(sendbuf, recvbuf, count, dtype_of<T>, op, root);
+    }
+
+    /// reduce() of `count` elements of T in place (at the root; elsewhere
+    /// `buf` is only read).
+    template <typename T>
+    void reduce(T *buf, std::size_t count, aggbox_op op, int root) {
+        reduce(buf, buf, count, dtype_of<T>, op, root);
+    }
+
+    /// Reduces `size() x recvcount` elements of `dtype` at `sendbuf` with
+    /// `op` across every rank and leaves block `rank()` of the result
+    /// (`recvcount` elements) in `recvbuf` (aggbox_reduce_scatter). The two
+    /// buffers must not overlap. Throws Error as allreduce() does.
+    void reduce_scatter(const void *sendbuf, void *recvbuf, std::size_t recvcount, aggbox_dtype dtype,
+                        aggbox_op op) {
+        check(aggbox_reduce_scatter(comm_, sendbuf, recvbuf, recvcount, dtype, op));
+    }
+
+    /// reduce_scatter() of elements of T.
+    template <typename T>
+    void reduce_scatter(const T *sendbuf, T *recvbuf, std::size_t recvcount, aggbox_op op) {
+        reduce_scatter(sendbuf, recvbuf, recvcount, dtype_of<T>, op);
+    }
+
+    /// Gathers `sendcount` elements of `dtype` from every rank into every
+    /// rank's `recvbuf` (`size() x sendcount` elements, rank r's at
+    /// r x sendcount; aggbox_allgather). The two buffers must not overlap.
+    /// Throws Error (AGGBOX_ERR_INVALID_ARGUMENT for a NULL buffer or
+    /// mismatched calls, AGGBOX_ERR_PEER_FAILED, ...).
+    void allgather(const void *sendbuf, void *recvbuf, std::size_t sendcount, aggbox_dtype dtype) {
+        check(aggbox_allgather(comm_, sendbuf, recvbuf, sendcount, dtype));
+    }
+
+    /// allgather() of elements of T.
+    template <typename T>
+    void allgather(const T *sendbuf, T *recvbuf, std::size_t sendcount) {
+        allgather(sendbuf, recvbuf, sendcount, dtype_of<T>);
+    }
+
+    /// Starts the allreduce of allreduce() on the communicator's progress
+    /// thread and returns at once (aggbox_iallreduce); the arguments are
+    /// checked first, and a bad one throws Error with nothing started. The
+    /// buffers belong to the library until the returned Request has
+    /// finished; blocking calls on this communicator meanwhile queue behind
+    /// it. Keep the Request: destroying it waits for the operation.
+    [[nodiscard]] Request iallreduce(const void *sendbuf, void *recvbuf, std::size_t count, aggbox_dtype dtype,
+                                     aggbox_op op) {
+        aggbox_request *request = nullptr;
+        check(aggbox_iallreduce(comm_, sendbuf, recvbuf, count, dtype, op, &request));
+        return Request::adopt(request);
+    }
+
+    /// iallreduce() of `count` elements of T from `sendbuf` into `recvbuf`.
+    template <typename T>
+    [[nodiscard]] Request iallreduce(const T *sendbuf, T *recvbuf, std::size_t count, aggbox_op op) {
+        return iallreduce(sendbuf, recvbuf, count, dtype_of<T>, op);
+    }
+
+    /// iallreduce() of `count` elements of T in place.
+    template <typename T>
+    [[nodiscard]] Request iallreduce(T *buf, std::size_t count, aggbox_op op) {
+        return iallreduce(buf, buf, count, dtype_of<T>, op);
     }
 
     /// The aggbox_comm, still owned by this object, to call the C API with

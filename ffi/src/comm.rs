@@ -399,6 +399,8 @@ pub unsafe extern "C" fn aggbox_barrier(comm: *mut aggbox_comm) -> aggbox_status
 // The collectives with buffers, in a file of their own.
 mod broadcast;
 pub use broadcast::*;
+mod reduce;
+pub use reduce::*;
 
 #[cfg(test)]
 mod tests {
