@@ -30,6 +30,10 @@ use std::{ops::Range, time::Instant};
 
 use crate::{
     comm::{receiver_grace, Backoff, Comm, Received},
+    loader::Attachment,
+    maps::{RedCtl, RED_SLOTS},
+    window::Windows,
+    Datapath,
     dtype::{as_bytes, as_bytes_mut, Dtype, Element},
     op::{self, ReduceOp},
     quant,
@@ -86,6 +90,9 @@ struct Plan {
     /// integer lanes (I32, I64) and SUM.
     lanes: Dtype,
     fold_op: ReduceOp,
+    /// This rank's XDP folds the contributions to its chunks (kernel
+    /// datapath, an integer lane sum): see `ebpf/aggbox_reduce.h`.
+    kernel: bool,
     /// The rank that gets the result (reduce).
     root: usize,
     ranks: usize,
@@ -154,6 +161,38 @@ impl Plan {
             Collective::ReduceScatter => (me * self.per_block, 1, (me + 1) * self.per_block),
         };
         (start..end).step_by(step)
+    }
+
+    /// The chunk whose owned index (among this rank's chunks) is `owned`.
+    fn owned_chunk(&self, owned: usize) -> Option<usize> {
+        let chunk = match self.coll {
+            Collective::Allreduce | Collective::Reduce => self.me + owned * self.ranks,
+            Collective::ReduceScatter if owned < self.per_block => self.me * self.per_block + owned,
+            Collective::ReduceScatter => return None,
+        };
+        (chunk < self.nchunks).then_some(chunk)
+    }
+
+    /// What XDP checks a contribution against (`struct aggbox_redctl`).
+    fn red_ctl(&self) -> RedCtl {
+        let (base, stride) = match self.coll {
+            Collective::Allreduce | Collective::Reduce => (self.me, self.ranks),
+            Collective::ReduceScatter => (self.me * self.per_block, 1),
+        };
+        RedCtl {
+            seq: self.seq,
+            nchunks: self.nchunks as u32,
+            count: self.count as u32,
+            dtype: self.dtype.code(),
+            op: self.op_code(),
+            lane: self.lanes.size() as u8,
+            reserved: 0,
+            ranks: self.ranks as u32,
+            base: base as u32,
+            stride: stride as u32,
+            chunk_bytes: (self.per_chunk * self.dtype.size()) as u32,
+            last_bytes: self.bytes(self.nchunks - 1).len() as u32,
+        }
     }
 
     /// Where chunk `chunk` starts in the owner's accumulator, in bytes.
@@ -225,6 +264,66 @@ impl ReduceState {
             quantized: Vec::new(),
             quantized_out: Vec::new(),
         }
+    }
+}
+
+/// What adding one contribution did.
+enum Added {
+    /// The sender's contribution was added before.
+    Repeat,
+    /// Kernel folding, but the chunk's slot is not ready for it.
+    Unprepared,
+    /// Added; the chunk still waits for others.
+    Folded,
+    /// The chunk is complete: by this contribution (`folded`), or before
+    /// it, in the kernel, with the notice lost.
+    Completed { folded: bool },
+}
+
+/// The kernel windows of `attachment`, when `plan` is folded by XDP.
+fn red_windows<'a>(attachment: Option<&'a Attachment>, plan: &Plan) -> Option<&'a Windows> {
+    attachment.filter(|_| plan.kernel).and_then(|a| a.windows())
+}
+
+/// Adds `sender`'s contribution `payload` to owned chunk `chunk`: into its
+/// kernel slot (with the atomics XDP uses) when XDP folds this call, else
+/// into the accumulator. A free function so the payload may be borrowed
+/// from the communicator's receive batch meanwhile.
+fn add_contribution(
+    state: &mut ReduceState,
+    windows: Option<&Windows>,
+    plan: &Plan,
+    chunk: usize,
+    sender: usize,
+    payload: &[u8],
+) -> Added {
+    let index = plan.owned_index(chunk);
+    if let Some(windows) = windows {
+        if !windows.red_holds(index as u32, plan.seq, chunk as u32) {
+            return Added::Unprepared;
+        }
+        return match windows.fold_red(index as u32, sender, payload, plan.lanes.size(), plan.ranks as u32) {
+            // XDP completed the chunk, but its RED_SUM notice did not reach
+            // the socket (a full receive buffer): complete it now.
+            None if windows.red_is_done(index as u32) => Added::Completed { folded: false },
+            None => Added::Repeat,
+            Some(false) => Added::Folded,
+            Some(true) => Added::Completed { folded: true },
+        };
+    }
+    let (word, bit) = (index * words(plan.ranks) + sender / 64, 1u64 << (sender % 64));
+    if state.folded[word] & bit != 0 {
+        return Added::Repeat;
+    }
+    state.folded[word] |= bit;
+    state.folded_count[index] += 1;
+    let at = plan.acc_offset(chunk);
+    let acc = &mut state.acc[(plan.seq % 2) as usize][at..at + payload.len()];
+    op::fold(plan.lanes, plan.fold_op, acc, payload);
+    if usize::from(state.folded_count[index]) + 1 < plan.ranks {
+        Added::Folded
+    } else {
+        Added::Completed { folded: true }
     }
 }
 
@@ -408,6 +507,7 @@ impl Comm {
             root,
             lanes: dtype,
             fold_op: op,
+            kernel: false,
             ranks: self.size(),
             me: self.rank(),
             count,
@@ -479,8 +579,14 @@ impl Comm {
     }
 
     /// Runs a planned call and counts it.
-    fn red_run(&mut self, plan: Plan, mut bufs: Bufs<'_>) -> Result<()> {
+    fn red_run(&mut self, mut plan: Plan, mut bufs: Bufs<'_>) -> Result<()> {
         self.red.seq = plan.seq;
+        plan.kernel = self.datapath() == Datapath::Kernel
+            && plan.seq != 0
+            && plan.fold_op == ReduceOp::Sum
+            && matches!(plan.lanes, Dtype::I32 | Dtype::U32 | Dtype::I64 | Dtype::U64)
+            && plan.count > 0
+            && self.attachment.as_ref().is_some_and(|a| a.windows().is_some());
         let result = if plan.count == 0 {
             Ok(())
         } else if plan.ranks == 1 {
@@ -502,6 +608,9 @@ impl Comm {
                 Ok(())
             }
             Err(e) => {
+                if let Some(windows) = red_windows(self.attachment.as_ref(), &plan) {
+                    windows.disarm_red();
+                }
                 self.red.last = None;
                 Err(e)
             }
@@ -525,6 +634,16 @@ impl Comm {
         acc.clear();
         acc.resize(owned * plan.per_chunk * plan.dtype.size(), 0);
         let input = bufs.input();
+        if let Some(windows) = red_windows(self.attachment.as_ref(), plan) {
+            // XDP sums: each owned chunk in flight starts from this rank's
+            // own contribution in its slot (the accumulator gets the sum
+            // when the chunk is complete).
+            windows.arm_red(&plan.red_ctl());
+            for (owned, chunk) in plan.owned_chunks().take(RED_SLOTS as usize).enumerate() {
+                windows.prepare_red(owned as u32, plan.seq, chunk as u32, plan.me, &input[plan.bytes(chunk)]);
+            }
+            return;
+        }
         for chunk in plan.owned_chunks() {
             let bytes = plan.bytes(chunk);
             acc[plan.acc_offset(chunk)..][..bytes.len()].copy_from_slice(&input[bytes]);
@@ -622,6 +741,14 @@ impl Comm {
         let header = got.header;
         let sender = header.sender as usize;
         match got.kind {
+            Kind::RedSum if header.seq == plan.seq && plan.kernel => {
+                let chunk = header.chunk as usize;
+                if chunk >= plan.nchunks || plan.owner(chunk) != plan.me || self.red.done[chunk] {
+                    return Ok(false);
+                }
+                self.red_complete(plan, bufs, chunk, remaining)?;
+                Ok(true)
+            }
             Kind::RedData | Kind::RedResult | Kind::RedDone if header.seq == plan.seq => {
                 self.red.heard[sender] = Instant::now();
                 self.red_check(plan, &header, got)?;
@@ -730,44 +857,75 @@ impl Comm {
             self.red_answer(plan, chunk, sender, true)?;
             return Ok(false);
         }
-        let index = plan.owned_index(chunk);
-        let (word, bit) = (index * words(plan.ranks) + sender / 64, 1u64 << (sender % 64));
-        if self.red.folded[word] & bit != 0 {
-            self.user_stats.duplicates += 1;
-            return Ok(false);
+        let payload = match self.transport.datagram(got.slot) {
+            Some(datagram) => &datagram.bytes[HDR_LEN..],
+            None => &[],
+        };
+        let added = add_contribution(
+            &mut self.red,
+            red_windows(self.attachment.as_ref(), plan),
+            plan,
+            chunk,
+            sender,
+            payload,
+        );
+        self.red_added(plan, bufs, chunk, added, remaining)
+    }
+
+    /// Counts what [`add_contribution`] did; completes the chunk when that
+    /// made it complete. Returns whether it was progress.
+    fn red_added(&mut self, plan: &Plan, bufs: &mut Bufs<'_>, chunk: usize, added: Added, remaining: &mut usize) -> Result<bool> {
+        match added {
+            Added::Repeat => {
+                self.user_stats.duplicates += 1;
+                Ok(false)
+            }
+            Added::Unprepared => {
+                // Cannot happen while contributors keep to their window;
+                // dropped, it will be sent again.
+                tracing::debug!(chunk, "a contribution to a chunk whose kernel slot is not ready");
+                Ok(false)
+            }
+            Added::Folded => {
+                self.user_stats.reduce_folded += 1;
+                Ok(true)
+            }
+            Added::Completed { folded } => {
+                self.user_stats.reduce_folded += u64::from(folded);
+                self.red_complete(plan, bufs, chunk, remaining)?;
+                Ok(true)
+            }
         }
-        self.red.folded[word] |= bit;
-        self.red.folded_count[index] += 1;
+    }
+
+    /// Owned chunk `chunk` is complete (its sum in the accumulator, or in
+    /// its kernel slot): the result goes to this rank's buffer and to
+    /// whoever needs it, and its kernel slot to the owned chunk after it.
+    fn red_complete(&mut self, plan: &Plan, bufs: &mut Bufs<'_>, chunk: usize, remaining: &mut usize) -> Result<()> {
         let len = plan.bytes(chunk).len();
         let at = plan.acc_offset(chunk);
         let parity = (plan.seq % 2) as usize;
-        {
-            let payload = match self.transport.datagram(got.slot) {
-                Some(datagram) => &datagram.bytes[HDR_LEN..],
-                None => &[],
-            };
-            op::fold(plan.lanes, plan.fold_op, &mut self.red.acc[parity][at..at + len], payload);
-        }
-        self.user_stats.reduce_folded += 1;
-        if usize::from(self.red.folded_count[index]) + 1 < plan.ranks {
-            return Ok(true);
-        }
-        // Complete: the result, to whoever needs it.
-        op::finish(plan.lanes, plan.fold_op, &mut self.red.acc[parity][at..at + len], plan.ranks);
-        if plan.recipient(plan.me, chunk) || plan.owner(chunk) == plan.me {
-            match bufs {
-                Bufs::InPlace(buf) => buf[plan.bytes(chunk)].copy_from_slice(&self.red.acc[parity][at..at + len]),
-                Bufs::Split(_, out) => {
-                    let start = plan.bytes(chunk).start - plan.me * plan.block * plan.dtype.size();
-                    out[start..start + len].copy_from_slice(&self.red.acc[parity][at..at + len]);
-                }
-                Bufs::Input(_) => {}
+        let owned = plan.owned_index(chunk);
+        if let Some(windows) = red_windows(self.attachment.as_ref(), plan) {
+            windows.copy_red(owned as u32, &mut self.red.acc[parity][at..at + len]);
+            // The slot's next chunk, before anyone can have its result.
+            if let Some(next) = plan.owned_chunk(owned + RED_SLOTS as usize) {
+                let own = &bufs.input()[plan.bytes(next)];
+                windows.prepare_red((owned + RED_SLOTS as usize) as u32, plan.seq, next as u32, plan.me, own);
             }
+        }
+        op::finish(plan.lanes, plan.fold_op, &mut self.red.acc[parity][at..at + len], plan.ranks);
+        match bufs {
+            Bufs::InPlace(buf) => buf[plan.bytes(chunk)].copy_from_slice(&self.red.acc[parity][at..at + len]),
+            Bufs::Split(_, out) => {
+                let start = plan.bytes(chunk).start - plan.me * plan.block * plan.dtype.size();
+                out[start..start + len].copy_from_slice(&self.red.acc[parity][at..at + len]);
+            }
+            Bufs::Input(_) => {}
         }
         self.red.done[chunk] = true;
         *remaining -= 1;
-        self.red_answer_all(plan, chunk)?;
-        Ok(true)
+        self.red_answer_all(plan, chunk)
     }
 
     /// Sends every other rank the answer to its contribution to completed
@@ -822,10 +980,17 @@ impl Comm {
     ) -> Result<()> {
         let now = Instant::now();
         let mut blamed = None;
+        let windows = red_windows(self.attachment.as_ref(), plan);
         for chunk in plan.owned_chunks().filter(|&c| !self.red.done[c]) {
             let index = plan.owned_index(chunk);
             for rank in (0..plan.ranks).filter(|&r| r != plan.me) {
-                let folded = self.red.folded[index * words(plan.ranks) + rank / 64] & (1 << (rank % 64)) != 0;
+                let folded = match windows {
+                    // XDP folds them: the slot's bits say who contributed
+                    // (a slot not prepared yet has nobody's but this rank's).
+                    Some(w) if w.red_holds(index as u32, plan.seq, chunk as u32) => w.red_has(index as u32, rank),
+                    Some(_) => true,
+                    None => self.red.folded[index * words(plan.ranks) + rank / 64] & (1 << (rank % 64)) != 0,
+                };
                 if !folded && now.duration_since(self.red.heard[rank]) >= timeout {
                     blamed = Some((rank, format!("its contribution to chunk {chunk} did not come")));
                     break;
@@ -918,33 +1083,12 @@ impl Comm {
                 plan.describe()
             )));
         }
-        let index = plan.owned_index(chunk);
-        let (word, bit) = (index * words(plan.ranks) + sender / 64, 1u64 << (sender % 64));
-        if self.red.done[chunk] || self.red.folded[word] & bit != 0 {
+        if self.red.done[chunk] {
             self.user_stats.duplicates += 1;
             return Ok(());
         }
-        self.red.folded[word] |= bit;
-        self.red.folded_count[index] += 1;
-        let (len, at, parity) = (payload.len(), plan.acc_offset(chunk), (plan.seq % 2) as usize);
-        op::fold(plan.lanes, plan.fold_op, &mut self.red.acc[parity][at..at + len], payload);
-        self.user_stats.reduce_folded += 1;
-        if usize::from(self.red.folded_count[index]) + 1 == plan.ranks {
-            // Every other rank was ahead of this one: complete already.
-            op::finish(plan.lanes, plan.fold_op, &mut self.red.acc[parity][at..at + len], plan.ranks);
-            match bufs {
-                Bufs::InPlace(buf) => buf[plan.bytes(chunk)].copy_from_slice(&self.red.acc[parity][at..at + len]),
-                Bufs::Split(_, out) => {
-                    let start = plan.bytes(chunk).start - plan.me * plan.block * plan.dtype.size();
-                    out[start..start + len].copy_from_slice(&self.red.acc[parity][at..at + len]);
-                }
-                Bufs::Input(_) => {}
-            }
-            self.red.done[chunk] = true;
-            *remaining -= 1;
-            self.red_answer_all(plan, chunk)?;
-        }
-        Ok(())
+        let added = add_contribution(&mut self.red, red_windows(self.attachment.as_ref(), plan), plan, chunk, sender, payload);
+        self.red_added(plan, bufs, chunk, added, remaining).map(drop)
     }
 
     /// A reduction datagram outside a call of it: a repeat of a contribution

@@ -491,6 +491,17 @@ impl Windows {
         Some(count == ranks && self.red_done(owned).compare_exchange(0, 1, AcqRel, std::sync::atomic::Ordering::Acquire).is_ok())
     }
 
+    /// Whether `rank`'s contribution is in owned chunk `owned`'s slot.
+    pub fn red_has(&self, owned: u32, rank: usize) -> bool {
+        self.red_bits(owned, rank / 64).load(std::sync::atomic::Ordering::Acquire) & (1 << (rank % 64)) != 0
+    }
+
+    /// Whether owned chunk `owned`'s slot is complete (every contribution
+    /// in it; its completion notice may have been lost on the way up).
+    pub fn red_is_done(&self, owned: u32) -> bool {
+        self.red_done(owned).load(std::sync::atomic::Ordering::Acquire) != 0
+    }
+
     /// Copies owned chunk `owned`'s sum (`dst.len()` bytes) out of its slot.
     pub fn copy_red(&self, owned: u32, dst: &mut [u8]) {
         std::sync::atomic::fence(std::sync::atomic::Ordering::Acquire);

@@ -143,6 +143,43 @@ fn total(reports: &[HashMap<String, String>], key: &str) -> u64 {
     reports.iter().map(|r| number(r, key)).sum()
 }
 
+/// Contributions `cases` make on `n` ranks, each folded exactly once by
+/// some owner: every chunk of a reduction gets one from each rank but its
+/// owner; a float SUM or AVG first agrees on its scale (a 1-element MAX
+/// allreduce); allgather is broadcasts.
+fn contributions(cases: &[String], n: usize) -> u64 {
+    cases
+        .iter()
+        .map(|case| {
+            let parts: Vec<&str> = case.split(':').collect();
+            let size = if parts[1].ends_with("64") { 8 } else { 4 };
+            let per_chunk = 1432 / size;
+            let count: usize = parts[3].parse().unwrap();
+            let chunks = match parts[0] {
+                "allgather" => 0,
+                "reduce_scatter" => count.div_ceil(per_chunk) * n,
+                _ => count.div_ceil(per_chunk),
+            };
+            let scale = usize::from(parts[1].starts_with('f') && matches!(parts[2], "sum" | "avg") && count > 0 && parts[0] != "allgather");
+            ((chunks + scale) * (n - 1)) as u64
+        })
+        .sum()
+}
+
+/// On the kernel datapath, each contribution was folded exactly once, by a
+/// host's XDP or (when it reached the socket) by the owner's process, and
+/// XDP did most of it.
+fn assert_kernel_folding(reports: &[HashMap<String, String>], cases: &[String], n: usize) {
+    let (kernel, user) = (total(reports, "k_red_folded"), total(reports, "folded"));
+    assert_eq!(kernel + user, contributions(cases, n), "every contribution folded once ({kernel} by XDP, {user} in user space)");
+    assert_eq!(total(reports, "k_red_errors"), 0, "no tail call failed");
+    assert!(kernel > 0 && total(reports, "k_red_sums") > 0, "XDP folded and completed chunks");
+    eprintln!(
+        "{n} ranks: {kernel} contributions folded by XDP, {user} by owners' processes, {} RED_SUM notices",
+        total(reports, "k_red_sums")
+    );
+}
+
 #[test]
 fn every_dtype_and_op_on_2_3_5_and_8_ranks_and_each_datapath() {
     let _serial = serial();
@@ -155,6 +192,9 @@ fn every_dtype_and_op_on_2_3_5_and_8_ranks_and_each_datapath() {
         for datapath_of in [user as DatapathOf, kernel, mixed] {
             let reports = run(&cluster, n, datapath_of, &cases, &[]);
             assert!(total(&reports, "folded") > 0, "owners folded contributions");
+            if datapath_of(0) == "kernel" && datapath_of(1) == "kernel" {
+                assert_kernel_folding(&reports, &cases, n);
+            }
             // Float allreduce SUM and AVG and reduce SUM, of 1 and 1000
             // elements (not 0), two float types: quantized.
             let quantized_calls = 3 * 2 * 2;
@@ -181,7 +221,10 @@ fn large_vectors_and_ieee_specials() {
     ]
     .to_vec();
     for datapath_of in [user as DatapathOf, kernel] {
-        run(&cluster, HOSTS, datapath_of, &cases, &[]);
+        let reports = run(&cluster, HOSTS, datapath_of, &cases, &[]);
+        if datapath_of(1) == "kernel" {
+            assert_kernel_folding(&reports, &cases, HOSTS);
+        }
     }
     // NaN and ±Inf give the IEEE result in every float op.
     let specials: Vec<String> =

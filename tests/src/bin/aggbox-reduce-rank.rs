@@ -324,8 +324,12 @@ fn main() {
     }
     let stats = comm.stats().unwrap_or_else(|e| fail(&e));
     let u = stats.user;
+    // The host's kernel reduction counters (one communicator per host here).
+    let kernel = comm.attachment().map(|a| a.reduce_stats().expect("reduction stats")).unwrap_or_default();
+    let kernel: Vec<String> =
+        aggbox_core::maps::RSTAT_NAMES.iter().zip(kernel).map(|(name, value)| format!("k_red_{name}={value}")).collect();
     println!(
-        "report rank={} size={} datapath={} reductions={} quantized={} retransmits={} duplicates={} contributions_sent={} folded={} results_sent={} sent={} received={} dropped_foreign={} dropped_malformed={} xdp_bad_token={} xdp_not_member={}",
+        "report rank={} size={} datapath={} reductions={} quantized={} retransmits={} duplicates={} contributions_sent={} folded={} results_sent={} sent={} received={} dropped_foreign={} dropped_malformed={} xdp_bad_token={} xdp_not_member={} {}",
         comm.rank(),
         comm.size(),
         comm.datapath().name(),
@@ -342,5 +346,6 @@ fn main() {
         u.dropped_malformed,
         stats.kernel.get(aggbox_core::maps::Prog::XdpIngress, "drop_bad_token"),
         stats.kernel.get(aggbox_core::maps::Prog::XdpIngress, "drop_not_member"),
+        kernel.join(" "),
     );
 }
