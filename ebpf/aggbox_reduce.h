@@ -27,7 +27,9 @@
 /* Owned chunks in flight per communicator: slot = ctl * SLOTS + owned % SLOTS. */
 #define AGGBOX_RED_SLOTS 256
 /* Lanes one run of the fold stage adds (one tail call per segment). */
+#ifndef AGGBOX_RED_SEG
 #define AGGBOX_RED_SEG 128
+#endif
 /* Tail-call targets in ab_redprogs. */
 #define AGGBOX_REDPROG_FOLD 0
 #define AGGBOX_REDPROG_MAX 1
