@@ -20,7 +20,7 @@
  *
  * Ownership. Whatever an aggbox_*_init function returns is owned by the
  * caller and freed by the matching aggbox_*_destroy; a request made by
- * aggbox_ibroadcast is freed by aggbox_request_free. Strings returned by the
+ * aggbox_ibroadcast or aggbox_iallreduce is freed by aggbox_request_free. Strings returned by the
  * library are static: never free them. The library keeps no pointer the
  * caller passed in after the call returns, with one exception: the buffer
  * of an asynchronous operation belongs to the library until the operation
@@ -38,11 +38,12 @@
  * behaviour. Distinct communicators are independent. The functions that
  * take no communicator may be called from any thread at any time.
  *
- * Asynchronous operations. aggbox_ibroadcast starts a broadcast and returns
- * a request at once. Each communicator runs its asynchronous operations on
+ * Asynchronous operations. aggbox_ibroadcast and aggbox_iallreduce start a
+ * broadcast or an allreduce and return a request at once. Each communicator runs its asynchronous operations on
  * one progress thread of its own, started by the first of them, in the
  * order they were started. While any is pending, the blocking calls on that
- * communicator (aggbox_barrier, aggbox_broadcast, aggbox_comm_stats) queue
+ * communicator (aggbox_barrier, aggbox_broadcast, the reductions,
+ * aggbox_comm_stats) queue
  * behind it and return when their turn is done, so every rank still sees
  * its collectives in the order it called them. aggbox_comm_destroy waits
  * for pending operations; requests outlive their communicator. A request
@@ -190,7 +191,8 @@ typedef enum aggbox_dtype {
 } aggbox_dtype;
 
 /**
- * Reduction of a collective (for the collectives to come).
+ * The reduction operator of aggbox_allreduce, aggbox_reduce,
+ * aggbox_reduce_scatter and aggbox_iallreduce (AVG for float types only).
  */
 typedef enum aggbox_op {
   /**
@@ -284,14 +286,15 @@ typedef enum aggbox_stat {
  * another thread is inside a call on the same communicator fails with
  * `AGGBOX_ERR_INVALID_ARGUMENT` (the getters of rank, size, datapath and
  * datapath reason may be called even then). Its asynchronous operations
- * (`aggbox_ibroadcast`) run on a progress thread of its own, started by
+ * (`aggbox_ibroadcast`, `aggbox_iallreduce`) run on a progress thread of its own, started by
  * the first of them; while any is pending, blocking calls queue behind it.
  * `aggbox_comm_destroy` must not race any call on it: see there.
  */
 typedef struct aggbox_comm aggbox_comm;
 
 /**
- * An asynchronous operation started by `aggbox_ibroadcast`. Opaque; the
+ * An asynchronous operation started by `aggbox_ibroadcast` or
+ * `aggbox_iallreduce`. Opaque; the
  * caller owns it and frees it with `aggbox_request_free` (which waits for
  * the operation if it has not finished). Until the operation has finished
  * (`aggbox_wait` returned, or `aggbox_test` set `*done` to 1), the buffer
@@ -906,7 +909,8 @@ enum aggbox_status aggbox_test(struct aggbox_request *request, int *done);
  *
  * # Safety
  *
- * `request` is NULL or a request from `aggbox_ibroadcast` not freed yet;
+ * `request` is NULL or a request from `aggbox_ibroadcast` or
+ * `aggbox_iallreduce` not freed yet;
  * it must not be used after this call.
  */
 void aggbox_request_free(struct aggbox_request *request);

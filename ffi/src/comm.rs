@@ -29,7 +29,7 @@ use crate::{
 /// another thread is inside a call on the same communicator fails with
 /// `AGGBOX_ERR_INVALID_ARGUMENT` (the getters of rank, size, datapath and
 /// datapath reason may be called even then). Its asynchronous operations
-/// (`aggbox_ibroadcast`) run on a progress thread of its own, started by
+/// (`aggbox_ibroadcast`, `aggbox_iallreduce`) run on a progress thread of its own, started by
 /// the first of them; while any is pending, blocking calls queue behind it.
 /// `aggbox_comm_destroy` must not race any call on it: see there.
 pub struct aggbox_comm {

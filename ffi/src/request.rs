@@ -1,5 +1,5 @@
 //! `aggbox_request`: an asynchronous operation in progress (made by
-//! `aggbox_ibroadcast`), to wait for, test and free.
+//! `aggbox_ibroadcast` or `aggbox_iallreduce`), to wait for, test and free.
 
 use std::{
     os::raw::c_int,
@@ -98,7 +98,8 @@ impl Drop for Finisher {
     }
 }
 
-/// An asynchronous operation started by `aggbox_ibroadcast`. Opaque; the
+/// An asynchronous operation started by `aggbox_ibroadcast` or
+/// `aggbox_iallreduce`. Opaque; the
 /// caller owns it and frees it with `aggbox_request_free` (which waits for
 /// the operation if it has not finished). Until the operation has finished
 /// (`aggbox_wait` returned, or `aggbox_test` set `*done` to 1), the buffer
@@ -184,7 +185,8 @@ pub unsafe extern "C" fn aggbox_test(
 ///
 /// # Safety
 ///
-/// `request` is NULL or a request from `aggbox_ibroadcast` not freed yet;
+/// `request` is NULL or a request from `aggbox_ibroadcast` or
+/// `aggbox_iallreduce` not freed yet;
 /// it must not be used after this call.
 #[no_mangle]
 pub unsafe extern "C" fn aggbox_request_free(request: *mut aggbox_request) {

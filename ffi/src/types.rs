@@ -205,7 +205,8 @@ impl From<aggbox_dtype> for Dtype {
     }
 }
 
-/// Reduction of a collective (for the collectives to come).
+/// The reduction operator of aggbox_allreduce, aggbox_reduce,
+/// aggbox_reduce_scatter and aggbox_iallreduce (AVG for float types only).
 #[repr(C)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum aggbox_op {
