@@ -92,10 +92,12 @@ struct aggbox_rxctl {
  * can land while the process is still copying this one out.
  */
 /*
- * The reduction this communicator owns chunks of, armed by the process
+ * A reduction this communicator owns chunks of, armed by the process
  * (seq 0: none) when the owners' sums are integer lane additions
- * (docs/ALLREDUCE.md, "Kernel datapath"). XDP folds a RED_DATA only when
- * every field matches its header, into the slot the process prepared.
+ * (docs/ALLREDUCE.md, "Kernel datapath"): the current one, and the next
+ * one armed ahead with the parameters of the one before (a training loop
+ * repeats its calls). XDP folds a RED_DATA only when every field matches
+ * its header, into the slot the process prepared.
  */
 struct aggbox_redctl {
 	__u32 seq;
@@ -109,8 +111,12 @@ struct aggbox_redctl {
 	__u32 base; /* this rank's first chunk */
 	__u32 stride; /* chunks between two of its chunks: owned index = (chunk - base) / stride */
 	__u32 chunk_bytes; /* bytes of a chunk */
-	__u32 last_bytes; /* bytes of the last chunk */
+	__u32 last_bytes; /* bytes of the short chunk, owned index owned_last (if this rank owns it) */
+	__u32 owned_last;
 };
+
+/* Reductions in flight at an owner: red[seq % 2], and that phase's slots. */
+#define AGGBOX_RED_PHASES 2
 
 struct aggbox_ctl {
 	struct aggbox_rxctl rx[AGGBOX_RX_PHASES];
@@ -121,7 +127,7 @@ struct aggbox_ctl {
 	__u32 tx_notify; /* wake the root every this many chunks held by all */
 	__u32 tx_done; /* chunks held by every receiver (XDP adds) */
 	__u32 tx_reserved;
-	struct aggbox_redctl red;
+	struct aggbox_redctl red[AGGBOX_RED_PHASES];
 };
 
 #define AGGBOX_CLAIM_OPEN 0 /* armed ahead: the first chunk sets the parameters */

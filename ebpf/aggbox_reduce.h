@@ -3,11 +3,14 @@
  * Kernel folding of reduction contributions at a chunk's owner
  * (docs/ALLREDUCE.md, "Kernel datapath").
  *
- * The owner's process arms its control block's `red` part for one
+ * The owner's process arms its control block's `red[seq % 2]` for one
  * reduction whose sums are integer lane additions (integer SUM, quantized
  * float SUM/AVG) and prepares one slot of ab_redwin per owned chunk in
  * flight: tag, its own contribution as the starting sum, its own bit, a
- * count of 1. For each RED_DATA of that reduction to a prepared slot, XDP
+ * count of 1. It also arms the next reduction ahead, with the parameters
+ * of the one before it (the same phase), its first slots zeroed and
+ * tagged AGGBOX_RED_AHEAD: XDP folds early contributions there, and the
+ * process adds its own when it makes the call. For each RED_DATA of that reduction to a prepared slot, XDP
  * ingress (aggbox_xdp_red_data) claims the sender's bit (a repeat is
  * dropped, or passed up when the chunk is complete, so the process
  * answers it), copies the payload into a per-CPU scratch buffer and
@@ -24,8 +27,12 @@
 
 #include "aggbox_bcast.h"
 
-/* Owned chunks in flight per communicator: slot = ctl * SLOTS + owned % SLOTS. */
+/* Owned chunks in flight per communicator and phase:
+ * slot = (ctl * PHASES + seq % PHASES) * SLOTS + owned % SLOTS. */
 #define AGGBOX_RED_SLOTS 256
+/* The chunk part of the tag of a slot armed ahead: the first contribution
+ * names its chunk (no real chunk has this index). */
+#define AGGBOX_RED_AHEAD 0xffffffffu
 /* Lanes one run of the fold stage adds (one tail call per segment). */
 #ifndef AGGBOX_RED_SEG
 #define AGGBOX_RED_SEG 128
@@ -47,6 +54,8 @@ struct aggbox_redslot {
 struct aggbox_red_scratch {
 	__u32 slot; /* index into ab_redwin */
 	__u32 ctl;
+	__u32 phase; /* of the reduction: ctl->red[phase] */
+	__u32 reserved;
 	__u32 lanes; /* lanes in this payload */
 	__u32 next; /* first lane not added yet */
 	__u32 lane; /* bytes of a lane: 4 or 8 */
@@ -67,7 +76,7 @@ enum aggbox_rstat {
 struct {
 	__uint(type, BPF_MAP_TYPE_ARRAY);
 	__uint(map_flags, BPF_F_MMAPABLE);
-	__uint(max_entries, AGGBOX_CTL_SLOTS * AGGBOX_RED_SLOTS);
+	__uint(max_entries, AGGBOX_CTL_SLOTS * AGGBOX_RED_PHASES * AGGBOX_RED_SLOTS);
 	__type(key, __u32);
 	__type(value, struct aggbox_redslot);
 	__uint(pinning, LIBBPF_PIN_BY_NAME);
@@ -117,29 +126,39 @@ static __always_inline int aggbox_xdp_red_data(struct xdp_md *ctx, struct aggbox
 	struct aggbox_redslot *slot;
 	struct aggbox_ctl *ctl;
 	struct aggbox_redctl *red;
-	__u32 ctl_idx = pkt->ctl, zero = 0, chunk = hdr->chunk, len, want, owned, slot_idx, word;
-	__u64 bit, old;
+	__u32 ctl_idx = pkt->ctl, zero = 0, chunk = hdr->chunk, phase = hdr->seq & (AGGBOX_RED_PHASES - 1);
+	__u32 len, want, owned, slot_idx, word;
+	__u64 bit, old, tag;
 	__u16 sender = hdr->sender;
 
 	ctl = bpf_map_lookup_elem(&ab_ctl, &ctl_idx);
 	if (!ctl || pkt->ip->ihl != 5)
 		goto to_user;
-	red = &ctl->red;
+	red = &ctl->red[phase];
 	if (red->seq == 0 || hdr->seq != red->seq || hdr->nchunks != red->nchunks || hdr->count != red->count ||
 	    hdr->dtype != red->dtype || hdr->op != red->op || chunk >= red->nchunks || chunk < red->base ||
 	    red->stride == 0 || (red->lane != 4 && red->lane != 8) || red->ranks == 0)
 		goto to_user;
-	len = bpf_ntohs(pkt->udp->len) - sizeof(struct udphdr) - sizeof(*hdr);
-	want = chunk + 1 == red->nchunks ? red->last_bytes : red->chunk_bytes;
-	if (len != want || len == 0 || len > AGGBOX_CHUNK_MAX || len % red->lane)
-		goto to_user;
 	if ((chunk - red->base) % red->stride)
 		goto to_user; /* not this rank's chunk: user space says so */
 	owned = (chunk - red->base) / red->stride;
-	slot_idx = ctl_idx * AGGBOX_RED_SLOTS + (owned & (AGGBOX_RED_SLOTS - 1));
-	slot = bpf_map_lookup_elem(&ab_redwin, &slot_idx);
-	if (!slot || slot->tag != aggbox_tag(hdr->seq, chunk))
+	len = bpf_ntohs(pkt->udp->len) - sizeof(struct udphdr) - sizeof(*hdr);
+	want = owned == red->owned_last ? red->last_bytes : red->chunk_bytes;
+	if (len != want || len == 0 || len > AGGBOX_CHUNK_MAX || len % red->lane)
 		goto to_user;
+	slot_idx = (ctl_idx * AGGBOX_RED_PHASES + phase) * AGGBOX_RED_SLOTS + (owned & (AGGBOX_RED_SLOTS - 1));
+	slot = bpf_map_lookup_elem(&ab_redwin, &slot_idx);
+	if (!slot)
+		goto to_user;
+	tag = aggbox_tag(hdr->seq, chunk);
+	if (slot->tag != tag) {
+		/* Armed ahead (zeroed, before the owner's call): the first
+		 * contribution names the chunk. */
+		if (owned < AGGBOX_RED_SLOTS)
+			__sync_val_compare_and_swap(&slot->tag, aggbox_tag(hdr->seq, AGGBOX_RED_AHEAD), tag);
+		if (slot->tag != tag)
+			goto to_user;
+	}
 	word = (sender / 64) & (AGGBOX_RANK_WORDS - 1);
 	bit = 1ULL << (sender % 64);
 	old = __sync_fetch_and_or(&slot->bits[word], bit);
@@ -158,6 +177,7 @@ static __always_inline int aggbox_xdp_red_data(struct xdp_md *ctx, struct aggbox
 	}
 	s->slot = slot_idx;
 	s->ctl = ctl_idx;
+	s->phase = phase;
 	s->lane = red->lane;
 	s->lanes = len / red->lane;
 	s->len = len;
@@ -217,7 +237,7 @@ static __always_inline int aggbox_xdp_red_fold_stage(struct xdp_md *ctx)
 	ctl = bpf_map_lookup_elem(&ab_ctl, &s->ctl);
 	if (!ctl)
 		return XDP_DROP;
-	ranks = ctl->red.ranks;
+	ranks = ctl->red[s->phase & (AGGBOX_RED_PHASES - 1)].ranks;
 	count = __sync_fetch_and_add(&slot->count, 1) + 1;
 	if (count < ranks || __sync_val_compare_and_swap(&slot->done, 0, 1) != 0)
 		return XDP_DROP;

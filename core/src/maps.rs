@@ -141,9 +141,16 @@ pub struct RedCtl {
     pub stride: u32,
     /// Bytes of a chunk.
     pub chunk_bytes: u32,
-    /// Bytes of the last chunk.
+    /// Bytes of the short chunk (owned index `owned_last`).
     pub last_bytes: u32,
+    /// The owned index of the short chunk (`u32::MAX`: none of this rank's).
+    pub owned_last: u32,
 }
+
+/// `AGGBOX_RED_PHASES`: reductions in flight at an owner, `Ctl::red[seq % 2]`.
+pub const RED_PHASES: u32 = 2;
+/// `AGGBOX_RED_AHEAD`: the chunk part of the tag of a slot armed ahead.
+pub const RED_AHEAD: u32 = u32::MAX;
 
 /// Names of the reduction counters (`enum aggbox_rstat`), in index order.
 pub const RSTAT_NAMES: [&str; 5] = ["folded", "sums", "duplicates", "to_user", "errors"];
@@ -202,8 +209,8 @@ pub struct Ctl {
     pub tx_done: u32,
     /// Zero.
     pub tx_reserved: u32,
-    /// The reduction armed for kernel folding.
-    pub red: RedCtl,
+    /// The reductions armed for kernel folding, by sequence parity.
+    pub red: [RedCtl; RED_PHASES as usize],
 }
 
 /// `AGGBOX_CLAIM_OPEN`: armed ahead; the first chunk sets the parameters.
@@ -360,6 +367,7 @@ mod tests {
             "offsetof(struct aggbox_redctl, lane)",
             "offsetof(struct aggbox_redctl, ranks)",
             "offsetof(struct aggbox_redctl, last_bytes)",
+            "AGGBOX_RED_PHASES",
             "AGGBOX_RX_PHASES",
             "AGGBOX_RX_WINDOW",
             "sizeof(struct aggbox_rxctl)",
@@ -420,6 +428,7 @@ mod tests {
             offset_of!(RedCtl, lane),
             offset_of!(RedCtl, ranks),
             offset_of!(RedCtl, last_bytes),
+            RED_PHASES as usize,
             RX_PHASES as usize,
             RX_WINDOW as usize,
             size_of::<RxCtl>(),
@@ -473,6 +482,7 @@ mod tests {
             "offsetof(struct aggbox_redslot, acc)",
             "AGGBOX_RSTAT_MAX",
             "AGGBOX_RSTAT_TO_USER",
+            "AGGBOX_RED_AHEAD",
         ]
         .map(String::from)
         .to_vec();
@@ -485,6 +495,7 @@ mod tests {
             offset_of!(RedSlot, acc) as u64,
             RSTAT_NAMES.len() as u64,
             RSTAT_NAMES.iter().position(|n| *n == "to_user").unwrap() as u64,
+            RED_AHEAD as u64,
         ];
         assert_eq!(rust, c_values("aggbox_reduce.h", &exprs));
     }

@@ -179,6 +179,16 @@ impl Plan {
             Collective::Allreduce | Collective::Reduce => (self.me, self.ranks),
             Collective::ReduceScatter => (self.me * self.per_block, 1),
         };
+        // The one owned chunk that may be short: the last of the vector
+        // (allreduce, reduce) or of this rank's block (reduce-scatter).
+        let short = match self.coll {
+            Collective::Allreduce | Collective::Reduce => Some(self.nchunks - 1).filter(|c| self.owner(*c) == self.me),
+            Collective::ReduceScatter => Some((self.me + 1) * self.per_block - 1),
+        };
+        let (owned_last, last_bytes) = match short {
+            Some(c) => (self.owned_index(c) as u32, self.bytes(c).len() as u32),
+            None => (u32::MAX, 0),
+        };
         RedCtl {
             seq: self.seq,
             nchunks: self.nchunks as u32,
@@ -191,7 +201,8 @@ impl Plan {
             base: base as u32,
             stride: stride as u32,
             chunk_bytes: (self.per_chunk * self.dtype.size()) as u32,
-            last_bytes: self.bytes(self.nchunks - 1).len() as u32,
+            last_bytes,
+            owned_last,
         }
     }
 
@@ -248,6 +259,13 @@ pub(crate) struct ReduceState {
     /// A quantized float sum's integers in, and out (reduce-scatter).
     quantized: Vec<u8>,
     quantized_out: Vec<u8>,
+    /// The kernel arming (and slots used) of the last reduction XDP
+    /// folded: if it is the call before the current one, the call after
+    /// the current one is armed ahead like it.
+    kernel_last: Option<(RedCtl, u32)>,
+    /// This call found its slots armed ahead for another call and taken by
+    /// contributions to it: the ranks' calls disagree.
+    ahead_mismatch: bool,
 }
 
 impl ReduceState {
@@ -263,6 +281,8 @@ impl ReduceState {
             early: Early { headers: Vec::new(), data: Vec::new(), lens: Vec::new() },
             quantized: Vec::new(),
             quantized_out: Vec::new(),
+            kernel_last: None,
+            ahead_mismatch: false,
         }
     }
 }
@@ -302,10 +322,10 @@ fn add_contribution(
         if !windows.red_holds(index as u32, plan.seq, chunk as u32) {
             return Added::Unprepared;
         }
-        return match windows.fold_red(index as u32, sender, payload, plan.lanes.size(), plan.ranks as u32) {
+        return match windows.fold_red(plan.seq, index as u32, sender, payload, plan.lanes.size(), plan.ranks as u32) {
             // XDP completed the chunk, but its RED_SUM notice did not reach
             // the socket (a full receive buffer): complete it now.
-            None if windows.red_is_done(index as u32) => Added::Completed { folded: false },
+            None if windows.red_is_done(plan.seq, index as u32) => Added::Completed { folded: false },
             None => Added::Repeat,
             Some(false) => Added::Folded,
             Some(true) => Added::Completed { folded: true },
@@ -635,18 +655,55 @@ impl Comm {
         acc.resize(owned * plan.per_chunk * plan.dtype.size(), 0);
         let input = bufs.input();
         if let Some(windows) = red_windows(self.attachment.as_ref(), plan) {
-            // XDP sums: each owned chunk in flight starts from this rank's
-            // own contribution in its slot (the accumulator gets the sum
-            // when the chunk is complete).
-            windows.arm_red(&plan.red_ctl());
-            for (owned, chunk) in plan.owned_chunks().take(RED_SLOTS as usize).enumerate() {
-                windows.prepare_red(owned as u32, plan.seq, chunk as u32, plan.me, &input[plan.bytes(chunk)]);
+            let (ctl, lane, first) = (plan.red_ctl(), plan.lanes.size(), plan.owned_chunks().take(RED_SLOTS as usize));
+            let armed = windows.red_armed(plan.seq);
+            if armed == Some(ctl) {
+                // Armed ahead for exactly this call: XDP may have folded
+                // contributions already; this rank's own joins them.
+                for (owned, chunk) in first.enumerate() {
+                    let own = &input[plan.bytes(chunk)];
+                    windows.join_red_ahead(plan.seq, owned as u32, chunk as u32, plan.me, own, lane, plan.ranks as u32);
+                }
+            } else {
+                let owned = plan.owned_chunks().count().min(RED_SLOTS as usize) as u32;
+                if armed.is_some() && (0..owned).any(|o| windows.red_ahead_taken(plan.seq, o)) {
+                    // Contributions came for the call guessed, not this one.
+                    self.red.ahead_mismatch = true;
+                }
+                // XDP sums: each owned chunk in flight starts from this
+                // rank's own contribution in its slot (the accumulator gets
+                // the sum when the chunk is complete). Slots first, then the
+                // arming: a slot armed ahead for a wrong guess is tagged
+                // for this seq and would take a contribution into its
+                // zeros while it is being prepared.
+                for (owned, chunk) in first.enumerate() {
+                    windows.prepare_red(owned as u32, plan.seq, chunk as u32, plan.me, &input[plan.bytes(chunk)]);
+                }
+                windows.arm_red(&ctl);
             }
+            self.red_arm_next(plan);
+            self.red.kernel_last = Some((ctl, plan.owned_chunks().count().min(RED_SLOTS as usize) as u32));
             return;
         }
+        self.red_arm_next(plan);
+        let acc = &mut self.red.acc[(plan.seq % 2) as usize];
         for chunk in plan.owned_chunks() {
             let bytes = plan.bytes(chunk);
             acc[plan.acc_offset(chunk)..][..bytes.len()].copy_from_slice(&input[bytes]);
+        }
+    }
+
+    /// On the kernel datapath, arms the call after `plan` ahead, guessing
+    /// it repeats the one before `plan` when XDP folded that one (a training
+    /// loop repeats its calls; a float sum alternates with its scale's MAX).
+    fn red_arm_next(&self, plan: &Plan) {
+        let next = plan.seq.wrapping_add(1);
+        let Some(windows) = self.attachment.as_ref().and_then(|a| a.windows()) else { return };
+        if self.datapath() != Datapath::Kernel || next == 0 {
+            return;
+        }
+        if let Some((before, owned)) = self.red.kernel_last.filter(|(c, _)| c.seq == plan.seq.wrapping_sub(1)) {
+            windows.arm_red_ahead(&RedCtl { seq: next, ..before }, owned);
         }
     }
 
@@ -656,6 +713,26 @@ impl Comm {
         let mut remaining = plan.nchunks;
         let mut low = 0; // first chunk not done
         let mut next = 0; // first chunk whose contribution is not sent yet
+        if std::mem::take(&mut self.red.ahead_mismatch) {
+            self.red_abort(plan, plan.me, true)?;
+            return Err(Error::Mismatch(format!(
+                "{}: contributions came for another call (the one before it); rank {} called {}: mismatched collective calls",
+                plan.name(),
+                plan.me,
+                plan.describe()
+            )));
+        }
+        // Chunks the ranks ahead of this one completed as it joined them.
+        if plan.kernel {
+            for (owned, chunk) in plan.owned_chunks().take(RED_SLOTS as usize).enumerate() {
+                let complete = red_windows(self.attachment.as_ref(), plan).is_some_and(|w| {
+                    w.red_is_done(plan.seq, owned as u32) && w.red_holds(owned as u32, plan.seq, chunk as u32)
+                });
+                if complete && !self.red.done[chunk] {
+                    self.red_complete(plan, bufs, chunk, &mut remaining)?;
+                }
+            }
+        }
         self.red_replay_early(plan, bufs, &mut remaining)?;
         let timeout = self.timeout();
         let silence = timeout + receiver_grace(timeout);
@@ -907,7 +984,7 @@ impl Comm {
         let parity = (plan.seq % 2) as usize;
         let owned = plan.owned_index(chunk);
         if let Some(windows) = red_windows(self.attachment.as_ref(), plan) {
-            windows.copy_red(owned as u32, &mut self.red.acc[parity][at..at + len]);
+            windows.copy_red(plan.seq, owned as u32, &mut self.red.acc[parity][at..at + len]);
             // The slot's next chunk, before anyone can have its result.
             if let Some(next) = plan.owned_chunk(owned + RED_SLOTS as usize) {
                 let own = &bufs.input()[plan.bytes(next)];
@@ -987,7 +1064,7 @@ impl Comm {
                 let folded = match windows {
                     // XDP folds them: the slot's bits say who contributed
                     // (a slot not prepared yet has nobody's but this rank's).
-                    Some(w) if w.red_holds(index as u32, plan.seq, chunk as u32) => w.red_has(index as u32, rank),
+                    Some(w) if w.red_holds(index as u32, plan.seq, chunk as u32) => w.red_has(plan.seq, index as u32, rank),
                     Some(_) => true,
                     None => self.red.folded[index * words(plan.ranks) + rank / 64] & (1 << (rank % 64)) != 0,
                 };

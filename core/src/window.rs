@@ -13,8 +13,8 @@ use std::{
 
 use crate::{
     maps::{
-        Ctl, RedCtl, RedSlot, RxCtl, RxSlot, TxSlot, CLAIM_BUSY, CLAIM_OPEN, CLAIM_SET, CTL_SLOTS, RED_SLOTS, RX_PHASES,
-        RX_SLOTS, RX_WINDOW, TX_SLOTS,
+        Ctl, RedCtl, RedSlot, RxCtl, RxSlot, TxSlot, CLAIM_BUSY, CLAIM_OPEN, CLAIM_SET, CTL_SLOTS, RED_AHEAD, RED_PHASES,
+        RED_SLOTS, RX_PHASES, RX_SLOTS, RX_WINDOW, TX_SLOTS,
     },
     Error, Result,
 };
@@ -113,7 +113,11 @@ impl Windows {
             ctl: Mapping::new(ctl, CTL_SLOTS as usize * elem(size_of::<Ctl>()), "ab_ctl")?,
             rx: Mapping::new(rx, (CTL_SLOTS * RX_SLOTS) as usize * elem(size_of::<RxSlot>()), "ab_rxwin")?,
             tx: Mapping::new(tx, (CTL_SLOTS * TX_SLOTS) as usize * elem(size_of::<TxSlot>()), "ab_txwin")?,
-            red: Mapping::new(red, (CTL_SLOTS * RED_SLOTS) as usize * elem(size_of::<RedSlot>()), "ab_redwin")?,
+            red: Mapping::new(
+                red,
+                (CTL_SLOTS * RED_PHASES * RED_SLOTS) as usize * elem(size_of::<RedSlot>()),
+                "ab_redwin",
+            )?,
         };
         Ok(windows)
     }
@@ -390,49 +394,106 @@ impl Windows {
     }
 
     /// The reduction slot of owned chunk `owned` (its index among this
-    /// rank's chunks).
-    pub fn red_slot(&self, owned: u32) -> *mut RedSlot {
-        let slot = self.index * RED_SLOTS + (owned & (RED_SLOTS - 1));
-        // SAFETY: slot < CTL_SLOTS * RED_SLOTS, inside the mapping.
+    /// rank's chunks) of reduction `seq` (its phase).
+    pub fn red_slot(&self, seq: u32, owned: u32) -> *mut RedSlot {
+        let slot = (self.index * RED_PHASES + seq % RED_PHASES) * RED_SLOTS + (owned & (RED_SLOTS - 1));
+        // SAFETY: slot < CTL_SLOTS * RED_PHASES * RED_SLOTS, inside the mapping.
         unsafe { self.red.ptr.add(slot as usize * elem(size_of::<RedSlot>())).cast() }
     }
 
-    fn red_tag(&self, owned: u32) -> &AtomicU64 {
+    fn red_tag(&self, seq: u32, owned: u32) -> &AtomicU64 {
         // SAFETY: the first (8-aligned) field of a slot in the mapping.
-        unsafe { &*(std::ptr::addr_of!((*self.red_slot(owned)).tag) as *const AtomicU64) }
+        unsafe { &*(std::ptr::addr_of!((*self.red_slot(seq, owned)).tag) as *const AtomicU64) }
     }
 
-    fn red_bits(&self, owned: u32, word: usize) -> &AtomicU64 {
+    fn red_bits(&self, seq: u32, owned: u32, word: usize) -> &AtomicU64 {
         // SAFETY: an 8-aligned field of a slot in the mapping.
-        unsafe { &*(std::ptr::addr_of!((*self.red_slot(owned)).bits[word]) as *const AtomicU64) }
+        unsafe { &*(std::ptr::addr_of!((*self.red_slot(seq, owned)).bits[word]) as *const AtomicU64) }
     }
 
-    fn red_count(&self, owned: u32) -> &AtomicU32 {
+    fn red_count(&self, seq: u32, owned: u32) -> &AtomicU32 {
         // SAFETY: a 4-aligned field of a slot in the mapping.
-        unsafe { &*(std::ptr::addr_of!((*self.red_slot(owned)).count) as *const AtomicU32) }
+        unsafe { &*(std::ptr::addr_of!((*self.red_slot(seq, owned)).count) as *const AtomicU32) }
     }
 
-    fn red_done(&self, owned: u32) -> &AtomicU32 {
+    fn red_done(&self, seq: u32, owned: u32) -> &AtomicU32 {
         // SAFETY: a 4-aligned field of a slot in the mapping.
-        unsafe { &*(std::ptr::addr_of!((*self.red_slot(owned)).done) as *const AtomicU32) }
+        unsafe { &*(std::ptr::addr_of!((*self.red_slot(seq, owned)).done) as *const AtomicU32) }
     }
 
-    /// Arms XDP to fold the reduction `red` (seq last). Stop it with
-    /// [`Windows::disarm_red`].
+    /// The `seq` field of the control of reduction `seq`'s phase.
+    fn red_seq(&self, seq: u32) -> &AtomicU32 {
+        let phase = (seq % RED_PHASES) as usize;
+        self.ctl_field(
+            std::mem::offset_of!(Ctl, red) + phase * size_of::<RedCtl>() + std::mem::offset_of!(RedCtl, seq),
+        )
+    }
+
+    /// Arms XDP to fold the reduction `red` (its phase; seq last). Stop
+    /// it with [`Windows::disarm_red`].
     pub fn arm_red(&self, red: &RedCtl) {
         use std::sync::atomic::Ordering::Release;
-        let seq = self.ctl_field(std::mem::offset_of!(Ctl, red) + std::mem::offset_of!(RedCtl, seq));
-        seq.store(0, Release);
+        let phase = (red.seq % RED_PHASES) as usize;
+        self.red_seq(red.seq).store(0, Release);
         std::sync::atomic::fence(std::sync::atomic::Ordering::SeqCst);
         // SAFETY: XDP reads these fields only when seq is nonzero; seq is 0.
-        unsafe { std::ptr::addr_of_mut!((*self.ctl()).red).write(RedCtl { seq: 0, ..*red }) };
-        seq.store(red.seq, Release);
+        unsafe { std::ptr::addr_of_mut!((*self.ctl()).red[phase]).write(RedCtl { seq: 0, ..*red }) };
+        self.red_seq(red.seq).store(red.seq, Release);
     }
 
-    /// Stops folding.
+    /// What the phase of reduction `seq` is armed for, if it is armed for
+    /// `seq`.
+    pub fn red_armed(&self, seq: u32) -> Option<RedCtl> {
+        if self.red_seq(seq).load(std::sync::atomic::Ordering::Acquire) != seq {
+            return None;
+        }
+        // SAFETY: only this process writes the control; XDP reads it.
+        Some(unsafe { std::ptr::addr_of!((*self.ctl()).red[(seq % RED_PHASES) as usize]).read() })
+    }
+
+    /// Stops folding in both phases (a reduction failed).
     pub fn disarm_red(&self) {
-        self.ctl_field(std::mem::offset_of!(Ctl, red) + std::mem::offset_of!(RedCtl, seq))
-            .store(0, std::sync::atomic::Ordering::Release);
+        for phase in 0..RED_PHASES {
+            self.red_seq(phase).store(0, std::sync::atomic::Ordering::Release);
+        }
+    }
+
+    /// Arms reduction `red` ahead, before its call (whose parameters it
+    /// guesses): its first `owned` (at most [`RED_SLOTS`]) slots are zeroed
+    /// and tagged [`RED_AHEAD`], for XDP to fold early contributions into;
+    /// the call adds this rank's own ([`Windows::join_red_ahead`]).
+    pub fn arm_red_ahead(&self, red: &RedCtl, owned: u32) {
+        use std::sync::atomic::Ordering::{Relaxed, Release};
+        self.red_seq(red.seq).store(0, Release);
+        std::sync::atomic::fence(std::sync::atomic::Ordering::SeqCst);
+        for i in 0..owned.min(RED_SLOTS) {
+            self.red_tag(red.seq, i).store(0, Release);
+            for word in 0..crate::wire::MAX_RANKS / 64 {
+                self.red_bits(red.seq, i, word).store(0, Relaxed);
+            }
+            self.red_count(red.seq, i).store(0, Relaxed);
+            self.red_done(red.seq, i).store(0, Relaxed);
+            // SAFETY: the acc field of a slot inside the mapping, untagged.
+            unsafe { std::ptr::addr_of_mut!((*self.red_slot(red.seq, i)).acc).write_bytes(0, 1) };
+            self.red_tag(red.seq, i).store(tag(red.seq, RED_AHEAD), Release);
+        }
+        self.arm_red(red);
+    }
+
+    /// The call of reduction `seq` found its slot `owned` armed ahead:
+    /// names its chunk (unless XDP already did) and adds this rank's own
+    /// contribution `own`. Returns whether that completed it.
+    pub fn join_red_ahead(&self, seq: u32, owned: u32, chunk: u32, rank: usize, own: &[u8], lane: usize, ranks: u32) -> bool {
+        use std::sync::atomic::Ordering::{AcqRel, Acquire};
+        let _ = self.red_tag(seq, owned).compare_exchange(tag(seq, RED_AHEAD), tag(seq, chunk), AcqRel, Acquire);
+        self.fold_red(seq, owned, rank, own, lane, ranks) == Some(true)
+    }
+
+    /// Whether slot `owned` of reduction `seq` was armed ahead and then
+    /// taken by a contribution (its tag names a chunk of `seq`).
+    pub fn red_ahead_taken(&self, seq: u32, owned: u32) -> bool {
+        let t = self.red_tag(seq, owned).load(std::sync::atomic::Ordering::Acquire);
+        t >> 32 == u64::from(seq) && t != tag(seq, RED_AHEAD)
     }
 
     /// Readies the slot of owned chunk `owned` (chunk `chunk` of reduction
@@ -440,40 +501,40 @@ impl Windows {
     /// its bit `rank` set and a count of 1; the tag last.
     pub fn prepare_red(&self, owned: u32, seq: u32, chunk: u32, rank: usize, own: &[u8]) {
         use std::sync::atomic::Ordering::{Relaxed, Release};
-        self.red_tag(owned).store(0, Release);
+        self.red_tag(seq, owned).store(0, Release);
         std::sync::atomic::fence(std::sync::atomic::Ordering::SeqCst);
         for word in 0..crate::wire::MAX_RANKS / 64 {
-            self.red_bits(owned, word).store(0, Relaxed);
+            self.red_bits(seq, owned, word).store(0, Relaxed);
         }
-        self.red_bits(owned, rank / 64).store(1 << (rank % 64), Relaxed);
-        self.red_count(owned).store(1, Relaxed);
-        self.red_done(owned).store(0, Relaxed);
+        self.red_bits(seq, owned, rank / 64).store(1 << (rank % 64), Relaxed);
+        self.red_count(seq, owned).store(1, Relaxed);
+        self.red_done(seq, owned).store(0, Relaxed);
         let len = own.len().min(crate::wire::CHUNK_MAX);
         // SAFETY: the acc field of a slot inside the mapping; XDP does not
         // touch a slot whose tag does not match (it is 0 now).
         unsafe {
-            let acc = std::ptr::addr_of_mut!((*self.red_slot(owned)).acc).cast::<u8>();
+            let acc = std::ptr::addr_of_mut!((*self.red_slot(seq, owned)).acc).cast::<u8>();
             std::ptr::copy_nonoverlapping(own.as_ptr(), acc, len);
         }
-        self.red_tag(owned).store(tag(seq, chunk), Release);
+        self.red_tag(seq, owned).store(tag(seq, chunk), Release);
     }
 
     /// Whether owned chunk `owned`'s slot sums chunk `chunk` of `seq`.
     pub fn red_holds(&self, owned: u32, seq: u32, chunk: u32) -> bool {
-        self.red_tag(owned).load(std::sync::atomic::Ordering::Acquire) == tag(seq, chunk)
+        self.red_tag(seq, owned).load(std::sync::atomic::Ordering::Acquire) == tag(seq, chunk)
     }
 
     /// Folds, from user space, `rank`'s contribution `lanes` (of `lane`
-    /// bytes each) into owned chunk `owned`'s slot, as XDP would. Returns
-    /// `None` for a repeat, else whether it completed the chunk (`ranks`
-    /// contributions).
-    pub fn fold_red(&self, owned: u32, rank: usize, lanes: &[u8], lane: usize, ranks: u32) -> Option<bool> {
+    /// bytes each) into owned chunk `owned`'s slot of reduction `seq`, as
+    /// XDP would. Returns `None` for a repeat, else whether it completed
+    /// the chunk (`ranks` contributions).
+    pub fn fold_red(&self, seq: u32, owned: u32, rank: usize, lanes: &[u8], lane: usize, ranks: u32) -> Option<bool> {
         use std::sync::atomic::Ordering::AcqRel;
         let bit = 1u64 << (rank % 64);
-        if self.red_bits(owned, rank / 64).fetch_or(bit, AcqRel) & bit != 0 {
+        if self.red_bits(seq, owned, rank / 64).fetch_or(bit, AcqRel) & bit != 0 {
             return None;
         }
-        let acc = self.red_slot(owned).cast::<u8>().wrapping_add(std::mem::offset_of!(RedSlot, acc));
+        let acc = self.red_slot(seq, owned).cast::<u8>().wrapping_add(std::mem::offset_of!(RedSlot, acc));
         for (i, x) in lanes.chunks_exact(lane).enumerate() {
             // SAFETY: lane-aligned offsets inside the slot's acc (the caller
             // gives at most CHUNK_MAX bytes); concurrent adds are atomic.
@@ -487,29 +548,32 @@ impl Windows {
                 }
             }
         }
-        let count = self.red_count(owned).fetch_add(1, AcqRel) + 1;
-        Some(count == ranks && self.red_done(owned).compare_exchange(0, 1, AcqRel, std::sync::atomic::Ordering::Acquire).is_ok())
+        let count = self.red_count(seq, owned).fetch_add(1, AcqRel) + 1;
+        Some(
+            count == ranks
+                && self.red_done(seq, owned).compare_exchange(0, 1, AcqRel, std::sync::atomic::Ordering::Acquire).is_ok(),
+        )
     }
 
     /// Whether `rank`'s contribution is in owned chunk `owned`'s slot.
-    pub fn red_has(&self, owned: u32, rank: usize) -> bool {
-        self.red_bits(owned, rank / 64).load(std::sync::atomic::Ordering::Acquire) & (1 << (rank % 64)) != 0
+    pub fn red_has(&self, seq: u32, owned: u32, rank: usize) -> bool {
+        self.red_bits(seq, owned, rank / 64).load(std::sync::atomic::Ordering::Acquire) & (1 << (rank % 64)) != 0
     }
 
     /// Whether owned chunk `owned`'s slot is complete (every contribution
     /// in it; its completion notice may have been lost on the way up).
-    pub fn red_is_done(&self, owned: u32) -> bool {
-        self.red_done(owned).load(std::sync::atomic::Ordering::Acquire) != 0
+    pub fn red_is_done(&self, seq: u32, owned: u32) -> bool {
+        self.red_done(seq, owned).load(std::sync::atomic::Ordering::Acquire) != 0
     }
 
     /// Copies owned chunk `owned`'s sum (`dst.len()` bytes) out of its slot.
-    pub fn copy_red(&self, owned: u32, dst: &mut [u8]) {
+    pub fn copy_red(&self, seq: u32, owned: u32, dst: &mut [u8]) {
         std::sync::atomic::fence(std::sync::atomic::Ordering::Acquire);
         let len = dst.len().min(crate::wire::CHUNK_MAX);
         // SAFETY: the acc field of a slot inside the mapping, complete (no
         // CPU adds to it any more); dst does not overlap the mapping.
         unsafe {
-            let acc = std::ptr::addr_of!((*self.red_slot(owned)).acc).cast::<u8>();
+            let acc = std::ptr::addr_of!((*self.red_slot(seq, owned)).acc).cast::<u8>();
             std::ptr::copy_nonoverlapping(acc, dst.as_mut_ptr(), len);
         }
     }
@@ -529,8 +593,10 @@ impl Windows {
             for chunk in 0..TX_SLOTS {
                 self.tx_slot(chunk).write(TxSlot::default());
             }
-            for owned in 0..RED_SLOTS {
-                (*self.red_slot(owned)).tag = 0;
+            for phase in 0..RED_PHASES {
+                for owned in 0..RED_SLOTS {
+                    (*self.red_slot(phase, owned)).tag = 0;
+                }
             }
         }
         std::sync::atomic::fence(std::sync::atomic::Ordering::SeqCst);

@@ -522,7 +522,8 @@ fn xdp_folds_contributions_at_the_owner_and_completes_once() {
         base: 0,
         stride: 3,
         chunk_bytes: P as u32,
-        last_bytes: P as u32,
+        last_bytes: 0,
+        owned_last: u32::MAX,
     });
     let own: Vec<i32> = (0..lanes as i32).map(|i| i * 3 - 1000).collect();
     let c1: Vec<i32> = (0..lanes as i32).map(|i| i32::MAX - i).collect();
@@ -544,7 +545,7 @@ fn xdp_folds_contributions_at_the_owner_and_completes_once() {
     assert_eq!(out.frame.len(), 14 + 20 + 8 + 40, "payload cut: the sum is in the slot");
     assert!(ipv4_checksum_ok(&out.frame[14..34]));
     let mut sum = vec![0u8; P];
-    windows.copy_red(0, &mut sum);
+    windows.copy_red(5, 0, &mut sum);
     let want: Vec<i32> = (0..lanes).map(|i| own[i].wrapping_add(c1[i]).wrapping_add(c2[i])).collect();
     assert_eq!(sum, i32_bytes(&want), "the slot holds the wrapping sum");
     assert_eq!((rstat(&h, "folded"), rstat(&h, "sums")), (2, 1));
@@ -564,5 +565,25 @@ fn xdp_folds_contributions_at_the_owner_and_completes_once() {
     forged[5] = RED_SUM;
     assert_eq!(h.run(Prog::XdpIngress, &inbound(&forged)).unwrap().retval, xdp::DROP);
     assert_eq!((rstat(&h, "to_user"), rstat(&h, "errors")), (2, 0));
-    assert_eq!(windows.red_holds(0, 5, 0), true);
+    assert!(windows.red_holds(0, 5, 0));
+
+    // Reduction #6, armed ahead with #5's parameters (the other phase):
+    // rank 1's contribution comes before this rank's call and is folded
+    // into the zeroed slot; the call joins with its own; rank 2's completes.
+    let ahead = RedCtl { seq: 6, nchunks: 2, count, dtype: 1, op: 0x10, lane: 4, reserved: 0, ranks: 3, base: 0, stride: 3, chunk_bytes: P as u32, last_bytes: 0, owned_last: u32::MAX };
+    windows.arm_red_ahead(&ahead, 1);
+    let mut e1 = red_header(1, 6, 0, 2, count);
+    e1.extend(i32_bytes(&c1));
+    assert_eq!(h.run(Prog::XdpIngress, &inbound(&e1)).unwrap().retval, xdp::DROP, "folded before the call");
+    assert!(windows.red_ahead_taken(6, 0) && windows.red_holds(0, 6, 0), "the contribution named the chunk");
+    assert!(!windows.join_red_ahead(6, 0, 0, 0, &i32_bytes(&own), 4, 3), "two of three");
+    let mut e2 = red_header(2, 6, 0, 2, count);
+    e2.extend(i32_bytes(&c2));
+    let out = h.run(Prog::XdpIngress, &udp(THIRD_IP, THIRD_PORT, LOCAL_IP, LOCAL_PORT, &e2)).unwrap();
+    assert_eq!((out.retval, kind_of(&out.frame)), (xdp::PASS, RED_SUM));
+    windows.copy_red(6, 0, &mut sum);
+    assert_eq!(sum, i32_bytes(&want), "the same sum, reached ahead");
+    // #5's slot (the other phase) is untouched.
+    windows.copy_red(5, 0, &mut sum);
+    assert_eq!(sum, i32_bytes(&want));
 }
