@@ -242,6 +242,15 @@ impl Report {
         if !self.user_ok {
             out.push_str("the user datapath cannot run either: see the interface line\n");
         }
+        let memory = crate::maps::window_memory();
+        let total: usize = memory.iter().map(|(_, bytes)| bytes).sum();
+        let parts: Vec<String> = memory.iter().map(|(what, bytes)| format!("{what} {:.1}", *bytes as f64 / (1 << 20) as f64)).collect();
+        out.push_str(&format!(
+            "kernel map memory per attached interface: {:.1} MiB ({} MiB), for the first {} communicators\n",
+            total as f64 / (1 << 20) as f64,
+            parts.join(", "),
+            crate::maps::CTL_SLOTS
+        ));
         out
     }
 }

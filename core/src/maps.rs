@@ -152,6 +152,20 @@ pub const RED_PHASES: u32 = 2;
 /// `AGGBOX_RED_AHEAD`: the chunk part of the tag of a slot armed ahead.
 pub const RED_AHEAD: u32 = u32::MAX;
 
+/// Bytes the kernel windows of one host take (every mmapable map, sized
+/// at build time for [`CTL_SLOTS`] communicators): broadcast control
+/// blocks, receive and send windows, and reduction slots.
+pub fn window_memory() -> [(&'static str, usize); 4] {
+    let elem = |size: usize| size.div_ceil(8) * 8;
+    let ctl = CTL_SLOTS as usize;
+    [
+        ("control blocks", ctl * elem(size_of::<Ctl>())),
+        ("broadcast receive windows", ctl * RX_SLOTS as usize * elem(size_of::<RxSlot>())),
+        ("broadcast send windows", ctl * TX_SLOTS as usize * elem(size_of::<TxSlot>())),
+        ("reduction slots", ctl * (RED_PHASES * RED_SLOTS) as usize * elem(size_of::<RedSlot>())),
+    ]
+}
+
 /// Names of the reduction counters (`enum aggbox_rstat`), in index order.
 pub const RSTAT_NAMES: [&str; 5] = ["folded", "sums", "duplicates", "to_user", "errors"];
 
@@ -498,5 +512,11 @@ mod tests {
             RED_AHEAD as u64,
         ];
         assert_eq!(rust, c_values("aggbox_reduce.h", &exprs));
+    }
+
+    #[test]
+    fn the_kernel_windows_of_a_host_stay_within_64_mib() {
+        let total: usize = window_memory().iter().map(|(_, bytes)| bytes).sum();
+        assert!(total <= 64 << 20, "{total} bytes of mmapable maps per interface");
     }
 }
