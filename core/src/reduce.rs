@@ -695,14 +695,18 @@ impl Comm {
 
     /// On the kernel datapath, arms the call after `plan` ahead, guessing
     /// it repeats the one before `plan` when XDP folded that one (a training
-    /// loop repeats its calls; a float sum alternates with its scale's MAX).
+    /// loop repeats its calls; a float sum alternates with its scale's MAX),
+    /// else `plan` itself.
     fn red_arm_next(&self, plan: &Plan) {
         let next = plan.seq.wrapping_add(1);
         let Some(windows) = self.attachment.as_ref().and_then(|a| a.windows()) else { return };
         if self.datapath() != Datapath::Kernel || next == 0 {
             return;
         }
-        if let Some((before, owned)) = self.red.kernel_last.filter(|(c, _)| c.seq == plan.seq.wrapping_sub(1)) {
+        // No call before this one that XDP folded: guess this one repeats.
+        let this = plan.kernel.then(|| (plan.red_ctl(), plan.owned_chunks().count().min(RED_SLOTS as usize) as u32));
+        let guess = self.red.kernel_last.filter(|(c, _)| c.seq == plan.seq.wrapping_sub(1)).or(this);
+        if let Some((before, owned)) = guess {
             windows.arm_red_ahead(&RedCtl { seq: next, ..before }, owned);
         }
     }

@@ -385,3 +385,20 @@ fn a_crafted_contribution_from_a_non_member_changes_nothing() {
         eprintln!("{}: {sent} crafted datagrams sent, {dropped} counted as dropped", datapath_of(0));
     }
 }
+
+/// A training loop's repeated calls on the kernel datapath: after the first
+/// call (which nothing armed ahead), every contribution is folded by
+/// the owners' XDP, none by their processes, whose sockets get only the
+/// completion notices and results.
+#[test]
+fn repeated_calls_are_folded_in_the_kernel() {
+    let _serial = serial();
+    let cluster = Cluster::temporary(HOSTS).unwrap();
+    let calls = 40;
+    let cases: Vec<String> = (0..calls).map(|_| "allreduce:i64:sum:10000".to_string()).collect();
+    let reports = run(&cluster, HOSTS, kernel, &cases, &[]);
+    assert_kernel_folding(&reports, &cases, HOSTS);
+    let per_call = contributions(&cases[..1], HOSTS);
+    let in_user = total(&reports, "folded");
+    assert!(in_user <= per_call, "{in_user} contributions folded in user space, more than the first call's {per_call}");
+}
