@@ -58,6 +58,12 @@ impl Broadcast {
                 ))
             })?;
         let len = dtype.bytes(count)?;
+        if u32::try_from(count).is_err() {
+            return Err(invalid(format!(
+                "{count} elements are more than one broadcast carries ({})",
+                u32::MAX
+            )));
+        }
         let ptr = match NonNull::new(buf.cast::<u8>()) {
             Some(ptr) => ptr,
             None if len == 0 => NonNull::dangling(),
@@ -266,14 +272,12 @@ mod tests {
                     last_error()
                 );
                 let mut request = ptr::dangling_mut();
-                if count <= u32::MAX as usize {
-                    assert_eq!(
-                        aggbox_ibroadcast(comm, buf, count, dtype, root, &mut request),
-                        aggbox_status::AGGBOX_ERR_INVALID_ARGUMENT
-                    );
-                    assert!(request.is_null(), "nothing started");
-                    assert!(last_error().contains(says), "{}", last_error());
-                }
+                assert_eq!(
+                    aggbox_ibroadcast(comm, buf, count, dtype, root, &mut request),
+                    aggbox_status::AGGBOX_ERR_INVALID_ARGUMENT
+                );
+                assert!(request.is_null(), "nothing started");
+                assert!(last_error().contains(says), "{}", last_error());
             }
             assert_eq!(packets_sent(comm), before, "nothing sent");
             assert_eq!(
