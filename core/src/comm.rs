@@ -60,7 +60,12 @@ impl Backoff {
     }
 
     pub(crate) fn with_max(max: Duration) -> Backoff {
-        Backoff { rto: RTO_INITIAL, max, next: Instant::now() + RTO_INITIAL }
+        Backoff::starting(RTO_INITIAL, max)
+    }
+
+    /// A timer whose first timeout is `initial`, doubling up to `max`.
+    pub(crate) fn starting(initial: Duration, max: Duration) -> Backoff {
+        Backoff { rto: initial, max, next: Instant::now() + initial }
     }
 
     /// When the next retransmission is due.
