@@ -46,6 +46,26 @@ pub enum Bench {
         #[arg(long)]
         no_mpi: bool,
     },
+    /// Allreduce (f32 sum) latency and bandwidth on N hosts at 1 Ki, 64 Ki,
+    /// 1 Mi and 16 Mi elements: kernel vs user datapath vs Open MPI (when
+    /// installed) vs the data-movement floor (plain UDP with GSO/GRO), with
+    /// wake-ups, system calls and memory.
+    Allreduce {
+        /// Number of hosts (one rank each).
+        #[arg(long, default_value_t = 8)]
+        hosts: usize,
+        /// MTU of the cluster's links (3500 is about the most native XDP
+        /// takes on veth).
+        #[arg(long, default_value_t = 1500)]
+        mtu: u32,
+        /// Timed rounds of the small counts (1 Ki, 64 Ki); a quarter of them
+        /// (at least 5) at 1 Mi, a twentieth (at least 3) at 16 Mi.
+        #[arg(long, default_value_t = 100)]
+        rounds: usize,
+        /// Skip Open MPI.
+        #[arg(long)]
+        no_mpi: bool,
+    },
     /// Barrier latency on N hosts, kernel vs user datapath.
     Barrier {
         /// Number of hosts (one rank each).
@@ -64,6 +84,7 @@ pub fn run(bench: Bench) -> Result<(), String> {
     match bench {
         Bench::Tcp { seconds, rounds } => tcp(seconds, rounds),
         Bench::Broadcast { hosts, mtu, rounds, no_mpi } => broadcast(hosts, mtu, rounds, !no_mpi),
+        Bench::Allreduce { hosts, mtu, rounds, no_mpi } => allreduce(hosts, mtu, rounds, !no_mpi),
         Bench::Barrier { hosts, barriers, faults } => {
             let faults = faults.map(|f| crate::parse_faults(&f)).transpose()?;
             barrier(hosts, barriers, faults)
@@ -362,17 +383,25 @@ struct BcastRun {
     syscalls: (f64, f64),
 }
 
-fn bcast_run(cluster: &Cluster, datapath: &str, sizes: &[usize], rounds: usize, port: u16) -> Result<BcastRun, String> {
+/// Starts this program's hidden `command` (`rank-bcast`, `rank-allreduce`)
+/// as one rank on every host of `cluster`, with `--rounds` and `sizes`.
+fn spawn_ranks(
+    cluster: &Cluster,
+    datapath: &str,
+    command: &str,
+    rounds: usize,
+    sizes: &[usize],
+    port: u16,
+) -> Result<Vec<std::process::Child>, String> {
     let exe = std::env::current_exe().map_err(|e| e.to_string())?;
     let n = cluster.hosts().len();
-    let size_args: Vec<String> = sizes.iter().map(|s| s.to_string()).collect();
-    let children: Vec<_> = (0..n)
+    (0..n)
         .map(|i| {
             cluster
                 .command(i, &exe)
-                .arg("rank-bcast")
+                .arg(command)
                 .args(["--rounds", &rounds.to_string()])
-                .args(&size_args)
+                .args(sizes.iter().map(|s| s.to_string()))
                 .env("RANK", i.to_string())
                 .env("WORLD_SIZE", n.to_string())
                 .env("MASTER_ADDR", cluster.host(0).ipv4.to_string())
@@ -382,7 +411,12 @@ fn bcast_run(cluster: &Cluster, datapath: &str, sizes: &[usize], rounds: usize, 
                 .spawn()
                 .map_err(|e| e.to_string())
         })
-        .collect::<Result<_, _>>()?;
+        .collect()
+}
+
+fn bcast_run(cluster: &Cluster, datapath: &str, sizes: &[usize], rounds: usize, port: u16) -> Result<BcastRun, String> {
+    let n = cluster.hosts().len();
+    let children = spawn_ranks(cluster, datapath, "rank-bcast", rounds, sizes, port)?;
     let mut outputs = Vec::new();
     for child in children {
         let out = child.wait_with_output().map_err(|e| e.to_string())?;
@@ -545,5 +579,1128 @@ pub fn broadcast(hosts: usize, mtu: u32, rounds: usize, with_mpi: bool) -> Resul
         "per 1 KiB broadcast, back to back: wake-ups of the worst receiver: kernel {:.2}, user {:.2}; socket syscalls root/worst receiver: kernel {:.1}/{:.1}, user {:.1}/{:.1}",
         kernel.wakeups, user.wakeups, kernel.syscalls.0, kernel.syscalls.1, user.syscalls.0, user.syscalls.1
     );
+    Ok(())
+}
+
+// ---- allreduce ------------------------------------------------------------
+
+/// Element counts (f32) of `bench allreduce`.
+const ALLREDUCE_COUNTS: [usize; 4] = [1 << 10, 64 << 10, 1 << 20, 16 << 20];
+
+/// Counts whose wake-ups and system calls are measured back to back (no
+/// barrier between operations), and how many operations.
+const ALLREDUCE_BACK_TO_BACK: [(usize, usize); 2] = [(1 << 10, 200), (1 << 20, 5)];
+
+/// Untimed warm-up rounds and timed rounds of an allreduce of `count`
+/// elements: fewer as it grows.
+fn allreduce_rounds(count: usize, rounds: usize) -> (usize, usize) {
+    match count {
+        0..=65_536 => (3, rounds),
+        65_537..=1_048_576 => (2, (rounds / 4).max(5)),
+        _ => (1, (rounds / 20).max(3)),
+    }
+}
+
+/// Element `i` of rank `rank`'s input in round `round`: a small integer
+/// (0..63) from a hash of the three, so that the sum over up to 2^18 ranks is
+/// exact in f32 in any order. The same function as `input` in
+/// bench/mpi/allreduce_bench.c.
+pub fn allreduce_input(rank: u32, i: u32, round: u32) -> f32 {
+    let mut h = i.wrapping_mul(0x9E37_79B1) ^ rank.wrapping_mul(0x85EB_CA77).wrapping_add(round.wrapping_mul(0xC2B2_AE3D));
+    h ^= h >> 15;
+    h = h.wrapping_mul(0x2C1B_3C6D);
+    (h >> 26) as f32
+}
+
+fn allreduce_fill(buf: &mut [f32], rank: u32, round: u32) {
+    for (i, x) in buf.iter_mut().enumerate() {
+        *x = allreduce_input(rank, i as u32, round);
+    }
+}
+
+/// Checks every element of `buf` against a plain loop over the ranks'
+/// inputs. The inputs are small integers, so a float sum in any order is
+/// exact; the check allows 1e-6 × max|x| × N (max|x| = 63), which a
+/// quantized sum meets (docs/ALLREDUCE.md) and a misplaced or missing
+/// contribution (off by 1 or more, nearly always) does not.
+fn allreduce_check(buf: &[f32], ranks: u32, round: u32, me: u32, op: aggbox_core::ReduceOp) -> Result<(), String> {
+    use aggbox_core::ReduceOp;
+    const BLOCK: usize = 4096;
+    let tolerance = 1e-6 * 63.0 * ranks as f32;
+    let mut want = [0f32; BLOCK];
+    let mut wrong = 0usize;
+    let mut first = None;
+    for (b, got) in buf.chunks(BLOCK).enumerate() {
+        let base = (b * BLOCK) as u32;
+        let want = &mut want[..got.len()];
+        want.fill(if op == ReduceOp::Max { f32::NEG_INFINITY } else { 0.0 });
+        for r in 0..ranks {
+            for (j, w) in want.iter_mut().enumerate() {
+                let x = allreduce_input(r, base + j as u32, round);
+                *w = if op == ReduceOp::Max { w.max(x) } else { *w + x };
+            }
+        }
+        let bad = got.iter().zip(want.iter()).filter(|(g, w)| (**g - **w).abs() > tolerance || g.is_nan()).count();
+        if bad > 0 && first.is_none() {
+            let j = got.iter().zip(want.iter()).position(|(g, w)| (*g - *w).abs() > tolerance || g.is_nan()).unwrap_or(0);
+            first = Some((base as usize + j, got[j], want[j]));
+        }
+        wrong += bad;
+    }
+    match first {
+        None => Ok(()),
+        Some((i, got, want)) => Err(format!(
+            "rank {me}: allreduce ({op}) of {} f32, round {round}: element {i} is {got}, not {want} ({wrong} elements wrong)",
+            buf.len()
+        )),
+    }
+}
+
+/// A `Key: value kB` line of /proc/self/status, in kB.
+fn status_kb(key: &str) -> u64 {
+    std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|s| s.lines().find_map(|l| l.strip_prefix(key)?.strip_prefix(':')?.split_whitespace().next()?.parse().ok()))
+        .unwrap_or(0)
+}
+
+/// The calling thread's network namespace's UDP `RcvbufErrors`: datagrams
+/// dropped because a socket's receive buffer was full.
+fn udp_rcvbuf_errors() -> u64 {
+    let snmp = std::fs::read_to_string("/proc/thread-self/net/snmp").unwrap_or_default();
+    let mut udp = snmp.lines().filter(|l| l.starts_with("Udp:"));
+    let (Some(names), Some(values)) = (udp.next(), udp.next()) else { return 0 };
+    names
+        .split_whitespace()
+        .zip(values.split_whitespace())
+        .find(|(n, _)| *n == "RcvbufErrors")
+        .and_then(|(_, v)| v.parse().ok())
+        .unwrap_or(0)
+}
+
+/// The BPF maps this process holds open (read from /proc/self/fdinfo, one
+/// per map id) and the sum of their `memlock`: on the kernel datapath, every
+/// map of the host's attachment (the pinned maps the loader opens: those the
+/// attached programs use and the users table).
+fn bpf_map_memory() -> (usize, u64) {
+    let mut maps = std::collections::BTreeMap::new();
+    let Ok(entries) = std::fs::read_dir("/proc/self/fdinfo") else { return (0, 0) };
+    for entry in entries.flatten() {
+        let Ok(info) = std::fs::read_to_string(entry.path()) else { continue };
+        let value = |key: &str| -> Option<u64> { info.lines().find_map(|l| l.strip_prefix(key)?.strip_prefix(':')?.trim().parse().ok()) };
+        if let (Some(id), Some(memlock)) = (value("map_id"), value("memlock")) {
+            maps.insert(id, memlock);
+        }
+    }
+    (maps.len(), maps.values().sum())
+}
+
+/// One rank of `bench allreduce` (the hidden `rank-allreduce` command): per
+/// count, timed f32 sums (each round's own elapsed µs and the
+/// CLOCK_MONOTONIC ns at which its call started and returned; every result
+/// checked), then wake-ups and system calls per operation back to back,
+/// then memory and counters.
+pub fn rank_allreduce(rounds: usize, counts: &[usize]) -> Result<(), String> {
+    use aggbox_core::{Comm, ReduceOp};
+    let err = |e: aggbox_core::Error| e.to_string();
+    let mut comm = Comm::from_env().map_err(err)?;
+    let (me, ranks) = (comm.rank() as u32, comm.size() as u32);
+    let rcvbuf_errors = udp_rcvbuf_errors();
+    // One vector, as large as the largest count, reused by every count.
+    let largest = counts.iter().chain(ALLREDUCE_BACK_TO_BACK.iter().map(|(c, _)| c)).copied().max().unwrap_or(0);
+    let mut storage = vec![0f32; largest];
+    let mut round = 0u32;
+    // Rounds whose result was wrong: said at once on stderr, counted on
+    // the count's line, and this rank fails at the end (the timings of the
+    // other rounds are still reported).
+    let mut wrong_total = 0;
+    let mut check = |result: Result<(), String>| -> usize {
+        match result {
+            Ok(()) => 0,
+            Err(e) => {
+                eprintln!("aggbox: WRONG RESULT: {e}");
+                wrong_total += 1;
+                1
+            }
+        }
+    };
+    for &count in counts {
+        let buf = &mut storage[..count];
+        let (warmup, timed) = allreduce_rounds(count, rounds);
+        let (mut elapsed, mut starts, mut ends) = (Vec::new(), Vec::new(), Vec::new());
+        let before = comm.stats().map_err(err)?.user;
+        let mut wrong = 0;
+        for k in 0..warmup + timed {
+            allreduce_fill(buf, me, round);
+            comm.barrier().map_err(err)?;
+            let start = monotonic_ns();
+            comm.allreduce_slice(buf, ReduceOp::Sum).map_err(err)?;
+            let end = monotonic_ns();
+            wrong += check(allreduce_check(buf, ranks, round, me, ReduceOp::Sum));
+            if k >= warmup {
+                elapsed.push(format!("{:.1}", (end - start) as f64 / 1e3));
+                starts.push(start);
+                ends.push(end);
+            }
+            round = round.wrapping_add(1);
+        }
+        let after = comm.stats().map_err(err)?.user;
+        let ops = (warmup + timed) as f64;
+        println!(
+            "allreduce rank={me} count={count} elapsed={} starts={} ends={} retransmits={} sent_per_op={:.1} received_per_op={:.1} vmhwm_kb={} wrong={wrong}",
+            join(&elapsed),
+            join(&starts),
+            join(&ends),
+            after.retransmits - before.retransmits,
+            (after.packets_sent - before.packets_sent) as f64 / ops,
+            (after.packets_received - before.packets_received) as f64 / ops,
+            status_kb("VmHWM"),
+        );
+    }
+    // The same rounds of MAX at 1 Ki: not quantized, so one allreduce per
+    // call (a float SUM is two: the scale's MAX of one element, then the
+    // integer sum).
+    {
+        let count = 1 << 10;
+        let buf = &mut storage[..count];
+        let (warmup, timed) = allreduce_rounds(count, rounds);
+        let (mut elapsed, mut starts, mut ends) = (Vec::new(), Vec::new(), Vec::new());
+        for k in 0..warmup + timed {
+            allreduce_fill(buf, me, round);
+            comm.barrier().map_err(err)?;
+            let start = monotonic_ns();
+            comm.allreduce_slice(buf, ReduceOp::Max).map_err(err)?;
+            let end = monotonic_ns();
+            check(allreduce_check(buf, ranks, round, me, ReduceOp::Max));
+            if k >= warmup {
+                elapsed.push(format!("{:.1}", (end - start) as f64 / 1e3));
+                starts.push(start);
+                ends.push(end);
+            }
+            round = round.wrapping_add(1);
+        }
+        println!("max rank={me} count={count} elapsed={} starts={} ends={}", join(&elapsed), join(&starts), join(&ends));
+    }
+    // Wake-ups and system calls per operation, back to back. A vector of
+    // zeros stays zeros (checked), so no refill is needed between them.
+    for &(count, ops) in &ALLREDUCE_BACK_TO_BACK {
+        let buf = &mut storage[..count];
+        buf.fill(0.0);
+        comm.barrier().map_err(err)?;
+        let wakeups_before = wakeups();
+        let syscalls_before = comm.stats().map_err(err)?.user.syscalls;
+        for _ in 0..ops {
+            comm.allreduce_slice(buf, ReduceOp::Sum).map_err(err)?;
+        }
+        let woken = wakeups() - wakeups_before;
+        let syscalls = comm.stats().map_err(err)?.user.syscalls - syscalls_before;
+        if let Some(i) = buf.iter().position(|x| *x != 0.0) {
+            return Err(format!("rank {me}: allreduce of {count} zeros: element {i} is {}", buf[i]));
+        }
+        println!(
+            "wakeups rank={me} count={count} ops={ops} per_op={:.2} syscalls_per_op={:.2} datapath={}",
+            woken as f64 / ops as f64,
+            syscalls as f64 / ops as f64,
+            comm.datapath().name()
+        );
+    }
+    let (maps, memlock) = bpf_map_memory();
+    let all = comm.stats().map_err(err)?;
+    let stats = all.user;
+    // The programs' drops on this host (every reason), and the host's
+    // socket-buffer drops, during this run.
+    // What XDP did of the reductions on this host (kernel datapath):
+    // contributions it folded, chunks it completed, what it left to user
+    // space.
+    let rstats: Vec<String> = comm
+        .attachment()
+        .and_then(|a| a.reduce_stats().ok())
+        .map(|values| aggbox_core::maps::RSTAT_NAMES.iter().zip(values).map(|(name, v)| format!("xdp_{name}={v}")).collect())
+        .unwrap_or_default();
+    let xdp_drops: u64 = all
+        .kernel
+        .counters
+        .iter()
+        .flat_map(|c| aggbox_core::maps::STAT_NAMES.iter().zip(c).filter(|(name, _)| name.starts_with("drop_")).map(|(_, v)| *v))
+        .sum();
+    println!(
+        "memory rank={me} {} rcvbuf_drops={} bpf_drops={xdp_drops} vmhwm_kb={} vector_bytes={} bpf_maps={maps} bpf_memlock={memlock} reductions={} quantized={} contributions_sent={} folded={} results_sent={} retransmits={} duplicates={}",
+        rstats.join(" "),
+        udp_rcvbuf_errors() - rcvbuf_errors,
+        status_kb("VmHWM"),
+        largest * 4,
+        stats.reductions,
+        stats.reduce_quantized,
+        stats.reduce_contributions_sent,
+        stats.reduce_folded,
+        stats.reduce_results_sent,
+        stats.retransmits,
+        stats.duplicates
+    );
+    if wrong_total > 0 {
+        return Err(format!("rank {me}: {wrong_total} allreduce results were wrong (see above)"));
+    }
+    Ok(())
+}
+
+/// The values of `key` on `output`'s line that starts with `prefix` and
+/// has ` count={count} `.
+fn count_series(output: &str, prefix: &str, count: usize, key: &str) -> Vec<f64> {
+    output
+        .lines()
+        .find(|l| l.starts_with(prefix) && l.contains(&format!(" count={count} ")))
+        .and_then(|l| l.split_whitespace().find_map(|w| w.strip_prefix(key)?.strip_prefix('=')))
+        .map(|s| s.split(',').filter_map(|v| v.parse().ok()).collect())
+        .unwrap_or_default()
+}
+
+/// The latencies of one count, (p50, p99) in µs.
+struct ArLatency {
+    count: usize,
+    /// Rounds (warm-ups included) whose result was wrong on some rank.
+    wrong: f64,
+    /// The slowest rank's own elapsed time after the barrier.
+    slowest: (f64, f64),
+    /// From the earliest rank's start to the latest rank's return.
+    span: (f64, f64),
+    rounds: usize,
+    /// Retransmissions of all ranks during this count's rounds.
+    retransmits: f64,
+    /// Datagrams sent per operation, mean over the ranks.
+    sent_per_op: f64,
+}
+
+/// (worst rank, mean over ranks) of a per-rank figure.
+type WorstMean = (f64, f64);
+
+/// What one datapath's run measured.
+struct ArRun {
+    latencies: Vec<ArLatency>,
+    /// Per back-to-back count: wake-ups and socket system calls per operation.
+    per_op: Vec<(usize, WorstMean, WorstMean)>,
+    /// Largest VmHWM of the ranks, kB; the bench's vector, bytes.
+    vmhwm_kb: f64,
+    vector_bytes: f64,
+    /// BPF maps held and their memlock bytes (largest over the hosts).
+    bpf_maps: f64,
+    bpf_memlock: f64,
+    /// Datagrams all ranks received again (a repeat of one already
+    /// handled), over the whole run; and the ranks' retransmissions.
+    duplicates: f64,
+    retransmits: f64,
+    /// Float sums the core quantized, and reductions in all (a quantized
+    /// sum counts two: the scale's MAX and the integer sum), over the ranks.
+    quantized: f64,
+    reductions: f64,
+    /// Datagrams dropped in all hosts' socket buffers, and by the BPF
+    /// programs (every drop reason; kernel datapath), during the run.
+    rcvbuf_drops: f64,
+    bpf_drops: f64,
+    /// The same rounds of f32 MAX at 1 Ki: (slowest, span).
+    max_1ki: ((f64, f64), (f64, f64)),
+    /// Contributions the owners' processes folded, and (kernel datapath)
+    /// those XDP folded, the chunks it completed and what it left to user
+    /// space, over the hosts.
+    user_folded: f64,
+    xdp_folded: f64,
+    xdp_sums: f64,
+    xdp_to_user: f64,
+}
+
+fn worst_mean(values: &[f64]) -> WorstMean {
+    (values.iter().copied().fold(f64::NAN, f64::max), values.iter().sum::<f64>() / values.len() as f64)
+}
+
+/// Runs every count on every host with `datapath`.
+fn allreduce_run(cluster: &Cluster, datapath: &str, counts: &[usize], rounds: usize, port: u16) -> Result<ArRun, String> {
+    let n = cluster.hosts().len();
+    let children = spawn_ranks(cluster, datapath, "rank-allreduce", rounds, counts, port)?;
+    let mut outputs = Vec::new();
+    let mut failed = false;
+    for child in children {
+        let out = child.wait_with_output().map_err(|e| e.to_string())?;
+        failed |= !out.status.success();
+        outputs.push(String::from_utf8_lossy(&out.stdout).to_string());
+    }
+    // A rank that found a wrong result still reports everything (and
+    // fails at the end); any other failure ends the run.
+    let finished = outputs.iter().all(|o| o.lines().any(|l| l.starts_with("memory ")));
+    if failed && !finished {
+        return Err(format!("a rank failed on the {datapath} datapath (its error is above)"));
+    }
+    // Per round: the slowest rank's own time, and the earliest start to
+    // the latest end.
+    let samples = |prefix: &str, count: usize| -> Result<(Vec<f64>, Vec<f64>), String> {
+        let of = |key: &str| -> Vec<Vec<f64>> { outputs.iter().map(|o| count_series(o, prefix, count, key)).collect() };
+        let (elapsed, starts, ends) = (of("elapsed"), of("starts"), of("ends"));
+        let rounds = elapsed[0].len();
+        if elapsed.iter().chain(&starts).chain(&ends).any(|s| s.len() != rounds) {
+            return Err(format!("{datapath}: the ranks reported different rounds of {prefix}count {count}"));
+        }
+        let max_at = |series: &[Vec<f64>], i: usize| series.iter().map(|s| s[i]).fold(f64::NEG_INFINITY, f64::max);
+        let min_at = |series: &[Vec<f64>], i: usize| series.iter().map(|s| s[i]).fold(f64::INFINITY, f64::min);
+        let slowest = (0..rounds).map(|i| max_at(&elapsed, i)).collect();
+        let span = (0..rounds).map(|i| (max_at(&ends, i) - min_at(&starts, i)) / 1e3).collect();
+        Ok((slowest, span))
+    };
+    let mut latencies = Vec::new();
+    for &count in counts {
+        let (slowest, span) = samples("allreduce ", count)?;
+        let total =
+            |key: &str| outputs.iter().map(|o| count_series(o, "allreduce ", count, key).first().copied().unwrap_or(f64::NAN)).sum::<f64>();
+        latencies.push(ArLatency {
+            count,
+            wrong: outputs.iter().map(|o| count_series(o, "allreduce ", count, "wrong").first().copied().unwrap_or(0.0)).fold(0.0, f64::max),
+            rounds: slowest.len(),
+            slowest: p50_p99(slowest),
+            span: p50_p99(span),
+            retransmits: total("retransmits"),
+            sent_per_op: total("sent_per_op") / n as f64,
+        });
+    }
+    let (max_slowest, max_span) = samples("max ", 1 << 10)?;
+    let per_op = ALLREDUCE_BACK_TO_BACK
+        .iter()
+        .map(|&(count, _)| {
+            let of = |key: &str| -> Vec<f64> {
+                outputs.iter().map(|o| count_series(o, "wakeups ", count, key).first().copied().unwrap_or(f64::NAN)).collect()
+            };
+            (count, worst_mean(&of("per_op")), worst_mean(&of("syscalls_per_op")))
+        })
+        .collect();
+    let memory: Vec<&str> = outputs.iter().filter_map(|o| o.lines().find(|l| l.starts_with("memory "))).collect();
+    let largest = |key: &str| memory.iter().map(|l| field(l, key)).fold(f64::NAN, f64::max);
+    Ok(ArRun {
+        latencies,
+        per_op,
+        vmhwm_kb: largest("vmhwm_kb"),
+        vector_bytes: largest("vector_bytes"),
+        bpf_maps: largest("bpf_maps"),
+        bpf_memlock: largest("bpf_memlock"),
+        duplicates: memory.iter().map(|l| field(l, "duplicates")).sum(),
+        retransmits: memory.iter().map(|l| field(l, "retransmits")).sum(),
+        quantized: memory.iter().map(|l| field(l, "quantized")).sum(),
+        rcvbuf_drops: memory.iter().map(|l| field(l, "rcvbuf_drops")).sum(),
+        bpf_drops: memory.iter().map(|l| field(l, "bpf_drops")).sum(),
+        reductions: memory.iter().map(|l| field(l, "reductions")).sum(),
+        max_1ki: (p50_p99(max_slowest), p50_p99(max_span)),
+        user_folded: memory.iter().map(|l| field(l, "folded")).sum(),
+        xdp_folded: memory.iter().map(|l| field(l, "xdp_folded")).filter(|v| !v.is_nan()).sum(),
+        xdp_sums: memory.iter().map(|l| field(l, "xdp_sums")).filter(|v| !v.is_nan()).sum(),
+        xdp_to_user: memory.iter().map(|l| field(l, "xdp_to_user")).filter(|v| !v.is_nan()).sum(),
+    })
+}
+
+/// One count of Open MPI's allreduce: bytes, the slowest rank's p50/p99,
+/// the span's p50/p99 (µs), timed rounds.
+type MpiRow = (usize, (f64, f64), (f64, f64), usize);
+
+/// Open MPI's MPI_Allreduce on the same cluster (bench/mpi/run.sh --bench
+/// allreduce, with `-s`), when mpirun is installed: one row per count.
+fn mpi_allreduce(cluster: &Cluster, counts: &[usize], rounds: usize) -> Option<Vec<MpiRow>> {
+    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/../bench/mpi/run.sh");
+    if !std::path::Path::new(script).exists()
+        || std::process::Command::new("sh").args(["-c", "command -v mpirun"]).output().ok()?.stdout.is_empty()
+    {
+        return None;
+    }
+    let mut cmd = std::process::Command::new("bash");
+    cmd.arg(script).args(["--bench", "allreduce"]).arg(cluster.prefix()).arg(cluster.hosts().len().to_string());
+    // Two warm-ups (the first opens the TCP connections); up to `rounds`
+    // timed rounds, fewer where a count would take over two seconds, at
+    // least as many as AggBox's at 16 Mi.
+    let least = allreduce_rounds(16 << 20, rounds).1;
+    cmd.args(["--", "-s", "-w", "2", "-t", "2", "-m", &least.to_string(), "-r", &rounds.to_string()]);
+    cmd.args(counts.iter().map(|s| s.to_string()));
+    let out = cmd.output().ok()?;
+    if !out.status.success() {
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        let tail: Vec<&str> = stderr.lines().rev().take(5).collect();
+        println!("Open MPI failed ({}): {}", out.status, tail.into_iter().rev().collect::<Vec<_>>().join(" / "));
+        return None;
+    }
+    let text = String::from_utf8_lossy(&out.stdout);
+    let rows: Vec<_> = text
+        .lines()
+        .filter(|l| l.starts_with("mpi op=allreduce"))
+        .map(|l| {
+            (
+                field(l, "bytes") as usize,
+                (field(l, "p50_us"), field(l, "p99_us")),
+                (field(l, "span_p50_us"), field(l, "span_p99_us")),
+                field(l, "rounds") as usize,
+            )
+        })
+        .collect();
+    (!rows.is_empty()).then_some(rows)
+}
+
+// ---- allreduce: the data-movement floor -----------------------------------
+
+/// UDP port of the floor's sockets.
+const FLOOR_PORT: u16 = 47_910;
+/// First bytes of every floor datagram.
+const FLOOR_MAGIC: u32 = 0x4146_4c52;
+/// Datagrams one `recvmmsg` of the floor takes (each up to 64 KiB when GRO
+/// coalesced them).
+const FLOOR_RX_SLOTS: usize = 32;
+const FLOOR_RX_SLOT: usize = 65_536;
+/// How long a floor rank waits for missing data before calling the round
+/// lost.
+const FLOOR_LOSS_WAIT_MS: i32 = 2000;
+
+/// What a floor rank sends next: `range` of its vector to `peer`, from `pos`.
+struct FloorSend {
+    peer: usize,
+    phase: u8,
+    range: std::ops::Range<usize>,
+    pos: usize,
+}
+
+/// One rank of the floor: a UDP socket in its host's namespace with GSO
+/// (UDP_SEGMENT) and GRO (UDP_GRO) on, its vector and its buffers.
+struct FloorRank {
+    socket: std::net::UdpSocket,
+    me: usize,
+    peers: Vec<libc::sockaddr_in>,
+    /// Payload bytes per datagram (the allreduce's chunk) and datagrams per
+    /// GSO send.
+    payload: usize,
+    max_segs: usize,
+    vector: Vec<u8>,
+    count: usize,
+    tags: Vec<[u8; aggbox_core::wire::HDR_LEN]>,
+    rx: Vec<u8>,
+    rx_control: Vec<[u64; 8]>,
+    syscalls: u64,
+    receives: u64,
+    segments: u64,
+}
+
+fn setsockopt_int(fd: i32, level: i32, name: i32, value: i32) -> std::io::Result<()> {
+    // SAFETY: setsockopt on our own socket with a c_int value.
+    let rc = unsafe { libc::setsockopt(fd, level, name, (&value as *const i32).cast(), std::mem::size_of::<i32>() as libc::socklen_t) };
+    if rc == 0 {
+        Ok(())
+    } else {
+        Err(std::io::Error::last_os_error())
+    }
+}
+
+fn sockaddr_of(addr: std::net::SocketAddrV4) -> libc::sockaddr_in {
+    libc::sockaddr_in {
+        sin_family: libc::AF_INET as libc::sa_family_t,
+        sin_port: addr.port().to_be(),
+        sin_addr: libc::in_addr { s_addr: u32::from(*addr.ip()).to_be() },
+        sin_zero: [0; 8],
+    }
+}
+
+impl FloorRank {
+    fn bind(cluster: &Cluster, me: usize, payload: usize) -> Result<FloorRank, String> {
+        use std::os::fd::AsRawFd;
+        let ip = cluster.host(me).ipv4;
+        let socket = cluster
+            .run_in(me, move || std::net::UdpSocket::bind((ip, FLOOR_PORT)))
+            .map_err(|e| e.to_string())?
+            .map_err(|e| format!("floor: binding {ip}:{FLOOR_PORT}: {e}"))?;
+        socket.set_nonblocking(true).map_err(|e| e.to_string())?;
+        let fd = socket.as_raw_fd();
+        let datagram = aggbox_core::wire::HDR_LEN + payload;
+        setsockopt_int(fd, libc::SOL_UDP, libc::UDP_SEGMENT, datagram as i32).map_err(|e| format!("floor: UDP_SEGMENT: {e}"))?;
+        setsockopt_int(fd, libc::SOL_UDP, libc::UDP_GRO, 1).map_err(|e| format!("floor: UDP_GRO: {e}"))?;
+        // The same receive buffer as a communicator's socket.
+        setsockopt_int(fd, libc::SOL_SOCKET, libc::SO_RCVBUF, 4 << 20).map_err(|e| e.to_string())?;
+        let peers = cluster.hosts().iter().map(|h| sockaddr_of(std::net::SocketAddrV4::new(h.ipv4, FLOOR_PORT))).collect();
+        // A GSO send carries at most 64 KiB (and 64 segments here).
+        let max_segs = (65_000 / datagram).clamp(1, 64);
+        Ok(FloorRank {
+            socket,
+            me,
+            peers,
+            payload,
+            max_segs,
+            vector: Vec::new(),
+            count: 0,
+            tags: vec![[0; aggbox_core::wire::HDR_LEN]; max_segs],
+            rx: vec![0; FLOOR_RX_SLOTS * FLOOR_RX_SLOT],
+            rx_control: vec![[0; 8]; FLOOR_RX_SLOTS],
+            syscalls: 0,
+            receives: 0,
+            segments: 0,
+        })
+    }
+
+    /// Makes the receive buffer hold a whole round's data (both phases),
+    /// so that nothing is lost without flow control.
+    fn size_rcvbuf(&mut self) -> Result<(), String> {
+        let n = self.peers.len();
+        let bytes = 2 * (n - 1) * (self.count * 4).div_ceil(n);
+        // The kernel doubles it, and charges each datagram its truesize
+        // (two to three times its payload here).
+        let value = (2 * bytes).clamp(4 << 20, 1 << 30) as i32;
+        setsockopt_int(self.fd(), libc::SOL_SOCKET, libc::SO_RCVBUFFORCE, value).map_err(|e| format!("floor: SO_RCVBUFFORCE: {e}"))
+    }
+
+    fn fd(&self) -> i32 {
+        use std::os::fd::AsRawFd;
+        self.socket.as_raw_fd()
+    }
+
+    /// Block `p` of the vector, in bytes: the part that rank `p` reduces.
+    fn block(&self, p: usize) -> std::ops::Range<usize> {
+        let n = self.peers.len();
+        (p * self.count / n) * 4..((p + 1) * self.count / n) * 4
+    }
+
+    fn poll(&mut self, events: libc::c_short, ms: i32) -> bool {
+        let mut fd = libc::pollfd { fd: self.fd(), events, revents: 0 };
+        self.syscalls += 1;
+        // SAFETY: one valid pollfd.
+        unsafe { libc::poll(&mut fd, 1, ms) > 0 }
+    }
+
+    /// Sends the next GSO batch of `send`; returns whether it is all sent.
+    fn send_batch(&mut self, send: &mut FloorSend, round: u32) -> Result<bool, String> {
+        let left = send.range.end - send.pos;
+        let segs = left.div_ceil(self.payload).min(self.max_segs);
+        let mut iov = Vec::with_capacity(2 * segs);
+        for k in 0..segs {
+            let offset = send.pos + k * self.payload;
+            let len = self.payload.min(send.range.end - offset);
+            let tag = &mut self.tags[k];
+            tag[0..4].copy_from_slice(&FLOOR_MAGIC.to_le_bytes());
+            tag[4..8].copy_from_slice(&round.to_le_bytes());
+            tag[8] = send.phase;
+            tag[10..12].copy_from_slice(&(self.me as u16).to_le_bytes());
+            tag[12..16].copy_from_slice(&(offset as u32).to_le_bytes());
+            tag[16..20].copy_from_slice(&(len as u32).to_le_bytes());
+            iov.push(libc::iovec { iov_base: tag.as_mut_ptr().cast(), iov_len: tag.len() });
+            // The kernel only reads through it (sendmsg).
+            iov.push(libc::iovec { iov_base: self.vector[offset..].as_ptr().cast_mut().cast(), iov_len: len });
+        }
+        let mut dest = self.peers[send.peer];
+        // SAFETY: an all-zero msghdr is valid; every pointer set below
+        // points at live memory for the duration of the call.
+        let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
+        msg.msg_name = (&raw mut dest).cast();
+        msg.msg_namelen = std::mem::size_of::<libc::sockaddr_in>() as libc::socklen_t;
+        msg.msg_iov = iov.as_mut_ptr();
+        msg.msg_iovlen = iov.len();
+        loop {
+            self.syscalls += 1;
+            // SAFETY: see above.
+            let rc = unsafe { libc::sendmsg(self.fd(), &msg, 0) };
+            if rc >= 0 {
+                break;
+            }
+            let e = std::io::Error::last_os_error();
+            match e.raw_os_error() {
+                Some(libc::EAGAIN) | Some(libc::ENOBUFS) => {
+                    // Make room: take what came, then wait a little.
+                    self.drain(round)?;
+                    self.poll(libc::POLLOUT, 1);
+                }
+                Some(libc::EINTR) => {}
+                _ => return Err(format!("floor: sendmsg of {segs} segments: {e}")),
+            }
+        }
+        send.pos = (send.pos + segs * self.payload).min(send.range.end);
+        Ok(send.pos >= send.range.end)
+    }
+
+    /// Takes every datagram queued on the socket; returns the payload bytes
+    /// of round `round` received for phase 1 and phase 2.
+    fn drain(&mut self, round: u32) -> Result<(usize, usize), String> {
+        let mut got = (0, 0);
+        loop {
+            // SAFETY: all-zero mmsghdrs and iovecs are valid; each is then
+            // pointed at its own slot and control buffer, which outlive the
+            // call.
+            let mut iov: [libc::iovec; FLOOR_RX_SLOTS] = unsafe { std::mem::zeroed() };
+            let mut msgs: [libc::mmsghdr; FLOOR_RX_SLOTS] = unsafe { std::mem::zeroed() };
+            let slots = self.rx.as_mut_ptr();
+            for i in 0..FLOOR_RX_SLOTS {
+                // SAFETY: slot i lies within `rx`.
+                iov[i] = libc::iovec { iov_base: unsafe { slots.add(i * FLOOR_RX_SLOT) }.cast(), iov_len: FLOOR_RX_SLOT };
+                msgs[i].msg_hdr.msg_iov = &raw mut iov[i];
+                msgs[i].msg_hdr.msg_iovlen = 1;
+                msgs[i].msg_hdr.msg_control = self.rx_control[i].as_mut_ptr().cast();
+                msgs[i].msg_hdr.msg_controllen = std::mem::size_of::<[u64; 8]>();
+            }
+            self.syscalls += 1;
+            // SAFETY: see above.
+            let rc = unsafe {
+                libc::recvmmsg(self.fd(), msgs.as_mut_ptr(), FLOOR_RX_SLOTS as libc::c_uint, libc::MSG_DONTWAIT, std::ptr::null_mut())
+            };
+            if rc < 0 {
+                let e = std::io::Error::last_os_error();
+                return match e.raw_os_error() {
+                    Some(libc::EAGAIN) | Some(libc::EINTR) => Ok(got),
+                    _ => Err(format!("floor: recvmmsg: {e}")),
+                };
+            }
+            for (i, msg) in msgs.iter().enumerate().take(rc as usize) {
+                let len = msg.msg_len as usize;
+                let mut segment = len;
+                // SAFETY: the control buffer was filled by the kernel;
+                // CMSG_* walk it within msg_controllen.
+                unsafe {
+                    let mut cmsg = libc::CMSG_FIRSTHDR(&msg.msg_hdr);
+                    while !cmsg.is_null() {
+                        if (*cmsg).cmsg_level == libc::SOL_UDP && (*cmsg).cmsg_type == libc::UDP_GRO {
+                            segment = std::ptr::read_unaligned(libc::CMSG_DATA(cmsg).cast::<libc::c_int>()) as usize;
+                        }
+                        cmsg = libc::CMSG_NXTHDR(&msg.msg_hdr, cmsg);
+                    }
+                }
+                self.receives += 1;
+                let slot = i * FLOOR_RX_SLOT;
+                for start in (0..len).step_by(segment.max(1)) {
+                    self.segments += 1;
+                    let bytes = &self.rx[slot + start..slot + len.min(start + segment)];
+                    let word = |at: usize| u32::from_le_bytes(bytes[at..at + 4].try_into().unwrap());
+                    if bytes.len() < aggbox_core::wire::HDR_LEN || word(0) != FLOOR_MAGIC || word(4) != round {
+                        continue; // a straggler of a lost round
+                    }
+                    let (offset, plen) = (word(12) as usize, word(16) as usize);
+                    let payload = &bytes[aggbox_core::wire::HDR_LEN..];
+                    if payload.len() != plen || offset + plen > self.vector.len() {
+                        return Err("floor: a malformed datagram".into());
+                    }
+                    // Delivered into the vector (an allreduce would add it
+                    // in, in phase 1).
+                    self.vector[offset..offset + plen].copy_from_slice(payload);
+                    if bytes[8] == 1 {
+                        got.0 += plen;
+                    } else {
+                        got.1 += plen;
+                    }
+                }
+            }
+            if (rc as usize) < FLOOR_RX_SLOTS {
+                return Ok(got);
+            }
+        }
+    }
+
+    /// One round: phase 1 sends block p to rank p and takes every rank's
+    /// block `me`; once it has them all, phase 2 sends block `me` to every
+    /// rank; done when both phases' data has come. Returns false if data
+    /// went missing (the round is lost).
+    fn round(&mut self, round: u32) -> Result<bool, String> {
+        let n = self.peers.len();
+        let need1 = (n - 1) * self.block(self.me).len();
+        let need2: usize = (0..n).filter(|&p| p != self.me).map(|p| self.block(p).len()).sum();
+        let (mut got1, mut got2) = (0, 0);
+        let mut sends: std::collections::VecDeque<FloorSend> = (1..n)
+            .map(|j| (self.me + j) % n)
+            .map(|p| FloorSend { peer: p, phase: 1, range: self.block(p), pos: self.block(p).start })
+            .filter(|s| !s.range.is_empty())
+            .collect();
+        let mut phase2 = false;
+        loop {
+            if !phase2 && got1 >= need1 {
+                phase2 = true;
+                let mine = self.block(self.me);
+                sends.extend(
+                    (1..n)
+                        .map(|j| (self.me + j) % n)
+                        .map(|p| FloorSend { peer: p, phase: 2, range: mine.clone(), pos: mine.start })
+                        .filter(|s| !s.range.is_empty()),
+                );
+            }
+            if sends.is_empty() && phase2 && got2 >= need2 {
+                return Ok(true);
+            }
+            // One GSO batch to each peer in turn, then take what came.
+            for _ in 0..sends.len() {
+                let mut send = sends.pop_front().unwrap();
+                if !self.send_batch(&mut send, round)? {
+                    sends.push_back(send);
+                }
+            }
+            let (a, b) = self.drain(round)?;
+            (got1, got2) = (got1 + a, got2 + b);
+            // Nothing to send and nothing came: wait for the rest (the
+            // loop's top moves on when a phase's data is complete).
+            let phase_complete = if phase2 { got2 >= need2 } else { got1 >= need1 };
+            if sends.is_empty() && a + b == 0 && !phase_complete && !self.poll(libc::POLLIN, FLOOR_LOSS_WAIT_MS) {
+                return Ok(false);
+            }
+        }
+    }
+}
+
+/// One floor rank's rounds of one count: (start, end) of each timed round
+/// (None if it was lost), and its system calls, receives and datagram
+/// segments received over all rounds.
+struct FloorTimes {
+    times: Vec<Option<(u64, u64)>>,
+    syscalls: u64,
+    receives: u64,
+    segments: u64,
+}
+
+/// What the floor measured for one count.
+struct FloorResult {
+    count: usize,
+    slowest: (f64, f64),
+    span: (f64, f64),
+    rounds: usize,
+    lost: usize,
+    /// Datagram segments per received buffer (above 1: GRO coalesced).
+    segments_per_receive: f64,
+    syscalls_per_round: f64,
+}
+
+/// The data-movement floor: every rank sends and receives what an
+/// allreduce moves (each rank sends (N-1)/N of the vector, block p to rank
+/// p, and receives as much: reduce-scatter; then sends its block to every
+/// rank and receives theirs: allgather) over plain UDP with GSO and GRO, in
+/// datagrams of the allreduce's size, with no sums. One thread per rank,
+/// each with a socket in its host's namespace; a sample is a barrier, then
+/// each rank's time, as for the allreduce.
+fn allreduce_floor(cluster: &Cluster, counts: &[usize], rounds: usize) -> Result<Vec<FloorResult>, String> {
+    let n = cluster.hosts().len();
+    let payload = aggbox_core::wire::chunk_size(cluster.mtu());
+    let mut ranks: Vec<FloorRank> = (0..n).map(|i| FloorRank::bind(cluster, i, payload)).collect::<Result<_, _>>()?;
+    let largest = counts.iter().copied().max().unwrap_or(0);
+    let barrier = std::sync::Barrier::new(n);
+    let mut results = Vec::new();
+    let mut round = 0u32;
+    for &count in counts {
+        let (warmup, timed) = allreduce_rounds(count, rounds);
+        let first = round;
+        for rank in &mut ranks {
+            if rank.vector.len() < largest * 4 {
+                rank.vector = (0..largest * 4).map(|i| i as u8).collect();
+            }
+            rank.count = count;
+            rank.size_rcvbuf()?;
+        }
+        let per_rank: Vec<Result<FloorTimes, String>> = thread::scope(|scope| {
+            let handles: Vec<_> = ranks
+                .iter_mut()
+                .map(|rank| {
+                    let barrier = &barrier;
+                    scope.spawn(move || {
+                        let (syscalls, receives, segments) = (rank.syscalls, rank.receives, rank.segments);
+                        let mut times = Vec::new();
+                        let mut failure = None;
+                        for k in 0..warmup + timed {
+                            barrier.wait();
+                            if failure.is_some() {
+                                continue;
+                            }
+                            let start = monotonic_ns();
+                            match rank.round(first + k as u32) {
+                                Ok(complete) => {
+                                    let end = monotonic_ns();
+                                    if k >= warmup {
+                                        times.push(complete.then_some((start, end)));
+                                    }
+                                }
+                                Err(e) => failure = Some(e),
+                            }
+                        }
+                        match failure {
+                            Some(e) => Err(e),
+                            None => Ok(FloorTimes {
+                                times,
+                                syscalls: rank.syscalls - syscalls,
+                                receives: rank.receives - receives,
+                                segments: rank.segments - segments,
+                            }),
+                        }
+                    })
+                })
+                .collect();
+            handles.into_iter().map(|h| h.join().unwrap_or_else(|_| Err("floor: a rank panicked".into()))).collect()
+        });
+        round += (warmup + timed) as u32;
+        let per_rank: Vec<_> = per_rank.into_iter().collect::<Result<_, _>>()?;
+        let (mut slowest, mut span, mut lost) = (Vec::new(), Vec::new(), 0);
+        for i in 0..timed {
+            let samples: Option<Vec<(u64, u64)>> = per_rank.iter().map(|r| r.times[i]).collect();
+            match samples {
+                Some(s) => {
+                    slowest.push(s.iter().map(|(a, b)| (b - a) as f64 / 1e3).fold(0.0, f64::max));
+                    let (start, end) = (s.iter().map(|x| x.0).min().unwrap(), s.iter().map(|x| x.1).max().unwrap());
+                    span.push((end - start) as f64 / 1e3);
+                }
+                None => lost += 1,
+            }
+        }
+        let sum = |f: fn(&FloorTimes) -> u64| per_rank.iter().map(f).sum::<u64>() as f64;
+        results.push(FloorResult {
+            count,
+            rounds: slowest.len(),
+            slowest: p50_p99(slowest),
+            span: p50_p99(span),
+            lost,
+            segments_per_receive: sum(|r| r.segments) / sum(|r| r.receives),
+            syscalls_per_round: sum(|r| r.syscalls) / (n * (warmup + timed)) as f64,
+        });
+    }
+    Ok(results)
+}
+
+/// CPU seconds the machine spent in processes (user, nice, system, steal)
+/// and in interrupts (irq, softirq: most of the packet path here), from
+/// /proc/stat; and CPU seconds of this process and its waited-for
+/// children (getrusage), which do not include interrupt time.
+fn cpu_seconds() -> (f64, f64, f64, f64) {
+    let stat = std::fs::read_to_string("/proc/stat").unwrap_or_default();
+    let ticks: Vec<f64> = stat.lines().next().unwrap_or("").split_whitespace().skip(1).filter_map(|v| v.parse().ok()).collect();
+    let at = |i: usize| ticks.get(i).copied().unwrap_or(0.0);
+    // user nice system idle iowait irq softirq steal (guest time is in user).
+    let (processes, interrupts) = (at(0) + at(1) + at(2) + at(7), at(5) + at(6));
+    // SAFETY: sysconf has no preconditions.
+    let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) } as f64;
+    let mine = [libc::RUSAGE_SELF, libc::RUSAGE_CHILDREN]
+        .iter()
+        .map(|&who| {
+            // SAFETY: an all-zero rusage is valid; getrusage fills it.
+            let mut usage: libc::rusage = unsafe { std::mem::zeroed() };
+            // SAFETY: as above.
+            unsafe { libc::getrusage(who, &mut usage) };
+            let secs = |t: libc::timeval| t.tv_sec as f64 + t.tv_usec as f64 * 1e-6;
+            secs(usage.ru_utime) + secs(usage.ru_stime)
+        })
+        .sum();
+    // The softirq threads' own time (the packet path when softirqs are
+    // deferred to them).
+    let ksoftirqd: f64 = std::fs::read_dir("/proc")
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter(|e| std::fs::read_to_string(e.path().join("comm")).is_ok_and(|c| c.starts_with("ksoftirqd")))
+        .filter_map(|e| {
+            let stat = std::fs::read_to_string(e.path().join("stat")).ok()?;
+            let fields: Vec<f64> = stat.rsplit_once(')')?.1.split_whitespace().filter_map(|v| v.parse().ok()).collect();
+            // After the comm: state ppid ... utime (14th field) stime (15th).
+            Some(fields.get(10)? + fields.get(11)?)
+        })
+        .sum();
+    (processes / hz, interrupts / hz, mine, ksoftirqd / hz)
+}
+
+fn human_count(count: usize) -> String {
+    match count {
+        c if c >= 1 << 20 && c % (1 << 20) == 0 => format!("{} Mi", c >> 20),
+        c if c >= 1 << 10 && c % (1 << 10) == 0 => format!("{} Ki", c >> 10),
+        c => c.to_string(),
+    }
+}
+
+/// `aggbox bench allreduce`.
+pub fn allreduce(hosts: usize, mtu: u32, rounds: usize, with_mpi: bool) -> Result<(), String> {
+    let counts = ALLREDUCE_COUNTS;
+    let cluster = Cluster::temporary_with_mtu(hosts, mtu).map_err(|e| e.to_string())?;
+    let chunk = aggbox_core::wire::chunk_size(mtu);
+    println!(
+        "allreduce of f32, sum, in place, on {hosts} hosts, MTU {mtu} (chunk {chunk} B = {} f32 per datagram); p50 (p99) in µs; every result checked against a plain loop",
+        chunk / 4
+    );
+    println!(
+        "a float SUM is quantized by the core (docs/ALLREDUCE.md): each call is a MAX allreduce of one element (the scale), then a sum of i32 lanes; Open MPI sums the floats"
+    );
+    let started = std::time::Instant::now();
+    let cpu_before = cpu_seconds();
+    let kernel = allreduce_run(&cluster, "kernel", &counts, rounds, 29_510)?;
+    let user = allreduce_run(&cluster, "user", &counts, rounds, 29_511)?;
+    let aggbox_time = started.elapsed();
+    let mpi = if with_mpi { mpi_allreduce(&cluster, &counts, rounds) } else { None };
+    let mpi_time = started.elapsed() - aggbox_time;
+    let host_drops = || -> u64 { (0..hosts).filter_map(|i| cluster.run_in(i, udp_rcvbuf_errors).ok()).sum() };
+    let drops_before = host_drops();
+    let floor = allreduce_floor(&cluster, &counts, rounds)?;
+    let floor_drops = host_drops() - drops_before;
+    let floor_time = started.elapsed() - aggbox_time - mpi_time;
+
+    // What the kernel datapath did in the kernel, measured.
+    if kernel.xdp_folded == 0.0 {
+        println!(
+            "both datapaths ran the same user-space reduction protocol: XDP folded no contribution (the kernel one only passes its datagrams through the XDP/TC checks)"
+        );
+    } else {
+        println!(
+            "kernel datapath: the owners' sums are done in XDP ({} contributions folded and {} chunks completed by XDP, {} left to user space by it; \
+             {} folded by the owners' processes: the MAX rounds, the scale's MAX, what XDP left); results and acknowledgments are still sent from user space. \
+             User datapath: {} folded in user space",
+            kernel.xdp_folded, kernel.xdp_sums, kernel.xdp_to_user, kernel.user_folded, user.user_folded
+        );
+    }
+    let mpi_row = |count: usize| mpi.as_ref().and_then(|rows| rows.iter().find(|r| r.0 == count * 4));
+    let fmt = |p: (f64, f64)| format!("{:.0} ({:.0})", p.0, p.1);
+    let ratio = |a: f64, b: Option<f64>| b.map_or("-".to_string(), |b| format!("{:.2}", a / b));
+    for (title, pick) in [
+        ("slowest rank's own time after a barrier (as bench/mpi measures)", 0usize),
+        ("span: earliest rank's start to latest rank's return, one clock", 1),
+    ] {
+        let get = |l: &ArLatency| if pick == 0 { l.slowest } else { l.span };
+        let get_floor = |f: &FloorResult| if pick == 0 { f.slowest } else { f.span };
+        println!("{title}:");
+        println!(
+            "  {:>6} | {:>17} | {:>17} | {:>17} | {:>17} | {:>6} {:>6} {:>7}",
+            "count", "kernel", "user", "Open MPI", "floor", "k/MPI", "k/user", "k/floor"
+        );
+        for (k, (u, f)) in kernel.latencies.iter().zip(user.latencies.iter().zip(&floor)) {
+            let m = mpi_row(k.count).map(|m| if pick == 0 { m.1 } else { m.2 });
+            println!(
+                "  {:>6} | {:>17} | {:>17} | {:>17} | {:>17} | {:>6} {:>6} {:>7}",
+                human_count(k.count),
+                fmt(get(k)),
+                fmt(get(u)),
+                m.map_or("-".into(), fmt),
+                fmt(get_floor(f)),
+                ratio(get(k).0, m.map(|m| m.0)),
+                ratio(get(k).0, Some(get(u).0)),
+                ratio(get(k).0, Some(get_floor(f).0)),
+            );
+        }
+    }
+    println!("algorithm bandwidth (vector bytes / slowest rank's p50), MB/s:");
+    for (k, (u, f)) in kernel.latencies.iter().zip(user.latencies.iter().zip(&floor)) {
+        let bytes = (k.count * 4) as f64;
+        println!(
+            "  {:>6} ({:>5}): kernel {:>6.1}, user {:>6.1}, Open MPI {:>6}, floor {:>6.1}",
+            human_count(k.count),
+            human(k.count * 4),
+            bytes / k.slowest.0,
+            bytes / u.slowest.0,
+            mpi_row(k.count).map_or("-".into(), |m| format!("{:.1}", bytes / m.1 .0)),
+            bytes / f.slowest.0,
+        );
+    }
+    let rounds_of = |l: &[ArLatency]| l.iter().map(|l| format!("{} {}", human_count(l.count), l.rounds)).collect::<Vec<_>>().join(", ");
+    println!(
+        "timed rounds: kernel and user {}; Open MPI {}; floor {}",
+        rounds_of(&kernel.latencies),
+        mpi.as_ref().map_or("-".into(), |rows| rows
+            .iter()
+            .map(|r| format!("{} {}", human_count(r.0 / 4), r.3))
+            .collect::<Vec<_>>()
+            .join(", ")),
+        floor.iter().map(|f| format!("{} {}", human_count(f.count), f.rounds)).collect::<Vec<_>>().join(", "),
+    );
+    if mpi.is_none() && with_mpi {
+        println!("Open MPI: not measured (run scripts/mpi-setup.sh to install it)");
+    }
+    println!(
+        "floor: plain UDP, no sums, each rank sends block p of its vector to rank p and takes its own block from everyone, then sends its block to everyone \
+         ((N-1)/N of the vector out and in, twice), {} B datagrams sent {} per UDP_SEGMENT (GSO) call, UDP_GRO on the sockets, a receive buffer that holds a round (no flow control)",
+        chunk + aggbox_core::wire::HDR_LEN,
+        (65_000 / (chunk + aggbox_core::wire::HDR_LEN)).clamp(1, 64)
+    );
+    println!(
+        "floor: {floor_drops} datagrams dropped in socket buffers; per round per rank: {}",
+        floor
+            .iter()
+            .map(|r| format!(
+                "{} {:.0} syscalls, {:.1} datagrams per receive{}",
+                human_count(r.count),
+                r.syscalls_per_round,
+                r.segments_per_receive,
+                if r.lost > 0 { format!(", {} rounds lost", r.lost) } else { String::new() }
+            ))
+            .collect::<Vec<_>>()
+            .join("; ")
+    );
+    for (label, run) in [("kernel", &kernel), ("user", &user)] {
+        let per_op: Vec<String> = run
+            .per_op
+            .iter()
+            .map(|(count, w, s)| {
+                format!(
+                    "{} wake-ups {:.2} worst / {:.2} mean, socket syscalls {:.1} worst / {:.1} mean",
+                    human_count(*count),
+                    w.0,
+                    w.1,
+                    s.0,
+                    s.1
+                )
+            })
+            .collect();
+        println!("{label} per operation per rank, back to back: {}", per_op.join("; "));
+        let traffic: Vec<String> = run
+            .latencies
+            .iter()
+            .map(|l| format!("{} {:.0} datagrams sent/op/rank, {} retransmits", human_count(l.count), l.sent_per_op, l.retransmits))
+            .collect();
+        println!("{label} traffic (timed rounds and warm-ups): {}", traffic.join("; "));
+        println!(
+            "{label} whole run: {} retransmits, {} duplicates received, {} datagrams dropped in socket buffers, {} dropped by the BPF programs",
+            run.retransmits, run.duplicates, run.rcvbuf_drops, run.bpf_drops
+        );
+    }
+    println!(
+        "memory: peak RSS (VmHWM) of the largest rank: kernel {:.1} MiB, user {:.1} MiB, of which the bench's own vector is {:.0} MiB; \
+         BPF map memory of a host (kernel datapath: every map of its attachment, memlock from fdinfo): {} maps, {:.1} MiB (user datapath: {} maps)",
+        kernel.vmhwm_kb / 1024.0,
+        user.vmhwm_kb / 1024.0,
+        kernel.vector_bytes / (1 << 20) as f64,
+        kernel.bpf_maps,
+        kernel.bpf_memlock / (1 << 20) as f64,
+        user.bpf_maps
+    );
+    println!(
+        "1 Ki f32 MAX, same rounds (not quantized: one allreduce per call), slowest/span p50 (p99): kernel {} / {}, user {} / {}; SUM/MAX kernel {:.2}, user {:.2}",
+        fmt(kernel.max_1ki.0),
+        fmt(kernel.max_1ki.1),
+        fmt(user.max_1ki.0),
+        fmt(user.max_1ki.1),
+        kernel.latencies[0].slowest.0 / kernel.max_1ki.0 .0,
+        user.latencies[0].slowest.0 / user.max_1ki.0 .0,
+    );
+    println!(
+        "reductions counted by the ranks: kernel {} ({} quantized sums), user {} ({})",
+        kernel.reductions, kernel.quantized, user.reductions, user.quantized
+    );
+    let at = |run: &ArRun, count: usize| run.latencies.iter().find(|l| l.count == count).map_or(f64::NAN, |l| l.slowest.0);
+    let wake = kernel.per_op.iter().map(|(_, w, _)| w.0).fold(0.0, f64::max);
+    println!("targets (slowest rank's p50): kernel ≤ 0.5 × Open MPI at 1 Ki ({}) and 1 Mi ({}); kernel ≥ 2 × faster than user at 1 Mi (user/kernel {:.2}); kernel within 1.5 × the floor (1 Mi: {:.2}, 16 Mi: {:.2}); one wake-up per rank per operation (worst kernel rank: {wake:.2})",
+        ratio(at(&kernel, 1 << 10), mpi_row(1 << 10).map(|m| m.1 .0)),
+        ratio(at(&kernel, 1 << 20), mpi_row(1 << 20).map(|m| m.1 .0)),
+        at(&user, 1 << 20) / at(&kernel, 1 << 20),
+        at(&kernel, 1 << 20) / floor.iter().find(|f| f.count == 1 << 20).map_or(f64::NAN, |f| f.slowest.0),
+        at(&kernel, 16 << 20) / floor.iter().find(|f| f.count == 16 << 20).map_or(f64::NAN, |f| f.slowest.0),
+    );
+    println!(
+        "run time: AggBox {:.1} s, Open MPI {:.1} s, floor {:.1} s",
+        aggbox_time.as_secs_f64(),
+        mpi_time.as_secs_f64(),
+        floor_time.as_secs_f64()
+    );
+    let wrong: Vec<String> = [("kernel", &kernel), ("user", &user)]
+        .iter()
+        .flat_map(|(label, run)| {
+            run.latencies.iter().filter(|l| l.wrong > 0.0).map(move |l| {
+                let (warmup, timed) = allreduce_rounds(l.count, rounds);
+                format!("{label} datapath {}: {} of {} rounds", human_count(l.count), l.wrong, warmup + timed)
+            })
+        })
+        .collect();
+    if !wrong.is_empty() {
+        println!(
+            "WRONG RESULTS (the ranks' messages above name the elements; the timings above include those rounds): {}",
+            wrong.join("; ")
+        );
+    }
+    let cpu_after = cpu_seconds();
+    let (processes, interrupts, mine, ksoftirqd) =
+        (cpu_after.0 - cpu_before.0, cpu_after.1 - cpu_before.1, cpu_after.2 - cpu_before.2, cpu_after.3 - cpu_before.3);
+    let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let wall = started.elapsed().as_secs_f64();
+    println!(
+        "CPU during the run ({cpus} CPUs × {wall:.1} s = {:.1} s): this bench's processes {mine:.1} s; interrupts and softirqs {interrupts:.1} s \
+         and ksoftirqd {ksoftirqd:.1} s (mostly this bench's packets); other processes {:.1} s (noise from whatever else runs)",
+        wall * cpus as f64,
+        (processes - mine - ksoftirqd).max(0.0)
+    );
+    if !wrong.is_empty() {
+        return Err(format!("allreduce gave wrong results: {}", wrong.join("; ")));
+    }
     Ok(())
 }

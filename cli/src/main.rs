@@ -61,6 +61,17 @@ enum Command {
         /// Sizes in bytes.
         sizes: Vec<usize>,
     },
+    /// Run as one rank of `bench allreduce`: timed f32 sums of each count,
+    /// every result checked, one line of samples per count, then wake-ups
+    /// and system calls per operation, memory and counters.
+    #[command(hide = true)]
+    RankAllreduce {
+        /// Timed rounds of the small counts (fewer for big ones).
+        #[arg(long, default_value_t = 100)]
+        rounds: usize,
+        /// Element counts.
+        counts: Vec<usize>,
+    },
 }
 
 #[derive(Subcommand)]
@@ -151,6 +162,7 @@ fn run(cli: Cli) -> Result<ExitCode, String> {
         }
         Command::Rank { barriers } => rank(barriers).map(|()| ExitCode::SUCCESS),
         Command::RankBcast { rounds, sizes } => bench::rank_bcast(rounds, &sizes).map(|()| ExitCode::SUCCESS),
+        Command::RankAllreduce { rounds, counts } => bench::rank_allreduce(rounds, &counts).map(|()| ExitCode::SUCCESS),
     }
 }
 
