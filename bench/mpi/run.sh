@@ -1,23 +1,29 @@
 #!/usr/bin/env bash
-# Runs Open MPI's MPI_Bcast and MPI_Barrier (bench/mpi/bcast_bench.c) on an
-# existing AggBox virtual cluster, one rank per namespace, the way
-# ../shared/ARCHITECTURE.md ("What to beat") measured it:
+# Runs one of the Open MPI baselines of bench/mpi on an existing AggBox
+# virtual cluster, one rank per namespace, the way ../shared/ARCHITECTURE.md
+# ("What to beat") measured it:
 #
-#   bench/mpi/run.sh PREFIX HOSTS [-- BENCH_ARGS...]
+#   bench/mpi/run.sh [--bench bcast|allreduce] PREFIX HOSTS [-- BENCH_ARGS...]
 #   bench/mpi/run.sh mpib 8 -- 64 1K 64K 1M 64M
+#   bench/mpi/run.sh --bench allreduce mpib 8 -- -s 1K 64K 1M 16M
+#
+# --bench picks the program: bcast (the default) runs bcast_bench.c
+# (MPI_Bcast and MPI_Barrier), allreduce runs allreduce_bench.c
+# (MPI_Allreduce of f32 with MPI_SUM, and MPI_Barrier).
 #
 # PREFIX is a cluster made by `aggbox cluster up --prefix PREFIX`; HOSTS ranks
-# run in PREFIX-h0 .. PREFIX-h(HOSTS-1). BENCH_ARGS go to bcast_bench
-# ([-r ROUNDS] [-w WARMUP] [-t SECONDS] [-m MIN_ROUNDS] [-s] SIZE...; default
-# sizes 64 1K 64K 1M 64M; see the top of bcast_bench.c). Prints bcast_bench's
-# lines on stdout:
+# run in PREFIX-h0 .. PREFIX-h(HOSTS-1). BENCH_ARGS go to the program
+# ([-r ROUNDS] [-w WARMUP] [-t SECONDS] [-m MIN_ROUNDS] [-s] SIZE...; see the
+# top of its source). bcast_bench's SIZEs are bytes, default 64 1K 64K 1M
+# 64M; allreduce_bench's are f32 element counts, default 1K 64K 1M 16M.
+# Prints the program's lines on stdout:
 #
 #   mpi ranks=8 netns=8 library="Open MPI v4.1.4"
-#   mpi op=bcast bytes=N rounds=R p50_us=X p99_us=Y     (one per size)
+#   mpi op=bcast bytes=N rounds=R p50_us=X p99_us=Y     (one per size; or op=allreduce)
 #   mpi op=barrier bytes=0 rounds=R p50_us=X p99_us=Y
 #
 # and exits non-zero if anything failed (including a broadcast that delivered
-# wrong data). Diagnostics go to stderr.
+# wrong data, or an allreduce whose result was wrong). Diagnostics go to stderr.
 #
 # How: mpirun runs inside PREFIX-h0 with a hostfile of the hosts' eth0
 # addresses (slots=1 each), read from the namespaces themselves. A generated
@@ -29,20 +35,34 @@
 # Transport: ob1 + the TCP BTL, `mpi_yield_when_idle 1` (Open MPI busy-polls
 # otherwise, which with 8 ranks on 2 cores makes it ~250x slower).
 #
-# bcast_bench is compiled with mpicc into a temporary directory that is
-# removed at the end (with the hostfile and agent), or into
-# $AGGBOX_MPI_BUILD_DIR if set (kept; rebuilt only when the source is newer).
+# The program is compiled with mpicc (-I this directory, for bench_common.h,
+# the code both programs share) into a temporary directory that is removed at
+# the end (with the hostfile and agent), or into $AGGBOX_MPI_BUILD_DIR if set
+# (kept; rebuilt only when the source or bench_common.h is newer).
 # $AGGBOX_MPI_TIMEOUT (seconds, default 900) bounds the whole mpirun.
 # Needs root and Open MPI (scripts/mpi-setup.sh installs it).
 set -euo pipefail
 
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
-src=$here/bcast_bench.c
 
 usage() {
-  echo "usage: $0 PREFIX HOSTS [-- BENCH_ARGS...]" >&2
+  echo "usage: $0 [--bench bcast|allreduce] PREFIX HOSTS [-- BENCH_ARGS...]" >&2
   exit 2
 }
+bench=bcast
+if (($#)) && [[ $1 == --bench ]]; then
+  (($# >= 2)) || usage
+  bench=$2
+  shift 2
+fi
+case $bench in
+  bcast) default_args=(64 1K 64K 1M 64M) ;;
+  allreduce) default_args=(1K 64K 1M 16M) ;;
+  *) echo "run.sh: unknown benchmark: $bench (bcast or allreduce)" >&2; exit 2 ;;
+esac
+prog=${bench}_bench
+src=$here/$prog.c
+common=$here/bench_common.h
 (($# >= 2)) || usage
 prefix=$1 hosts=$2
 shift 2
@@ -51,7 +71,7 @@ if (($#)); then
   shift
 fi
 bench_args=("$@")
-((${#bench_args[@]})) || bench_args=(64 1K 64K 1M 64M)
+((${#bench_args[@]})) || bench_args=("${default_args[@]}")
 
 [[ $prefix =~ ^[A-Za-z0-9_.-]+$ ]] || { echo "run.sh: bad prefix: $prefix" >&2; exit 2; }
 [[ $hosts =~ ^[0-9]+$ ]] && ((hosts >= 1)) || { echo "run.sh: bad host count: $hosts" >&2; exit 2; }
@@ -131,12 +151,12 @@ trap 'exit 143' TERM
 # Build.
 if [[ -n ${AGGBOX_MPI_BUILD_DIR:-} ]]; then
   mkdir -p "$AGGBOX_MPI_BUILD_DIR"
-  bin=$(cd "$AGGBOX_MPI_BUILD_DIR" && pwd)/bcast_bench
+  bin=$(cd "$AGGBOX_MPI_BUILD_DIR" && pwd)/$prog
 else
-  bin=$tmp/bcast_bench
+  bin=$tmp/$prog
 fi
-if [[ ! -x $bin || $src -nt $bin ]]; then
-  "$mpicc" -O2 -Wall -Wextra -o "$bin.new" "$src" -lm
+if [[ ! -x $bin || $src -nt $bin || $common -nt $bin ]]; then
+  "$mpicc" -O2 -Wall -Wextra -I "$here" -o "$bin.new" "$src" -lm
   mv -f "$bin.new" "$bin"
 fi
 
@@ -172,7 +192,7 @@ mpi_args=(
   --mca mpi_yield_when_idle 1
 )
 
-echo "run.sh: mpirun -np $hosts in $prefix-h0 over ${addrs[*]}: bcast_bench ${bench_args[*]}" >&2
+echo "run.sh: mpirun -np $hosts in $prefix-h0 over ${addrs[*]}: $prog ${bench_args[*]}" >&2
 start=$(date +%s.%N)
 # In the background and waited for, so that Ctrl-C/TERM reach the trap at
 # once (timeout runs in its own process group). The setpgid warning is ORTE
