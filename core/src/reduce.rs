@@ -276,6 +276,8 @@ pub(crate) struct ReduceState {
     /// This call found its slots armed ahead for another call and taken by
     /// contributions to it: the ranks' calls disagree.
     ahead_mismatch: bool,
+    /// Owned chunks completed whose results are not sent yet.
+    answers: Vec<u32>,
 }
 
 impl ReduceState {
@@ -293,6 +295,7 @@ impl ReduceState {
             quantized_out: Vec::new(),
             kernel_last: None,
             ahead_mismatch: false,
+            answers: Vec::new(),
         }
     }
 }
@@ -651,6 +654,7 @@ impl Comm {
     /// (this rank's own contribution folded in first).
     fn red_start(&mut self, plan: &Plan, bufs: &Bufs<'_>) {
         let state = &mut self.red;
+        state.answers.clear();
         state.done.clear();
         state.done.resize(plan.nchunks, false);
         let owned = plan.owned_chunks().count();
@@ -755,8 +759,11 @@ impl Comm {
             while low < plan.nchunks && self.red.done[low] {
                 low += 1;
             }
+            if !self.rx_pending() {
+                self.red_send_answers(plan)?;
+            }
             if remaining == 0 {
-                return Ok(());
+                return self.red_send_answers(plan);
             }
             // Fresh contributions within the window.
             let end = plan.nchunks.min(low + WINDOW);
@@ -1016,16 +1023,32 @@ impl Comm {
         }
         self.red.done[chunk] = true;
         *remaining -= 1;
-        self.red_answer_all(plan, chunk)
+        // Answered with the other chunks completed by this receive batch
+        // (`red_send_answers`): one sendmmsg for many chunks' results.
+        self.red.answers.push(chunk as u32);
+        Ok(())
     }
 
     /// Sends every other rank the answer to its contribution to completed
     /// chunk `chunk`.
-    fn red_answer_all(&mut self, plan: &Plan, chunk: usize) -> Result<()> {
-        for rank in (0..plan.ranks).filter(|&r| r != plan.me) {
-            self.red_answer(plan, chunk, rank, false)?;
+    /// Sends every other rank the answers to its contributions to the
+    /// chunks completed since the last call, batched.
+    fn red_send_answers(&mut self, plan: &Plan) -> Result<()> {
+        if self.red.answers.is_empty() {
+            return Ok(());
         }
-        self.red_flush_acc(plan)
+        let answers = std::mem::take(&mut self.red.answers);
+        let result = (|| {
+            for &chunk in &answers {
+                for rank in (0..plan.ranks).filter(|&r| r != plan.me) {
+                    self.red_answer(plan, chunk as usize, rank, false)?;
+                }
+            }
+            self.red_flush_acc(plan)
+        })();
+        self.red.answers = answers;
+        self.red.answers.clear();
+        result
     }
 
     /// Sends what is queued, the payloads from `plan`'s accumulator.
