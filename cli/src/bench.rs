@@ -489,10 +489,12 @@ fn udp_floor(cluster: &Cluster) -> Result<f64, String> {
     Ok(percentile(&samples, 0.5))
 }
 
+/// Per size: (bytes, slowest rank's (p50, p99), span (p50, p99)) in µs.
+type MpiRows = Vec<(usize, (f64, f64), (f64, f64))>;
+
 /// Open MPI's MPI_Bcast on the same cluster (bench/mpi/run.sh with `-s`),
-/// when mpirun is installed: per size, (bytes, slowest rank's p50, p99, span
-/// p50, p99).
-fn mpi_bcast(cluster: &Cluster, sizes: &[usize]) -> Option<Vec<(usize, (f64, f64), (f64, f64))>> {
+/// when mpirun is installed.
+fn mpi_bcast(cluster: &Cluster, sizes: &[usize]) -> Option<MpiRows> {
     let script = concat!(env!("CARGO_MANIFEST_DIR"), "/../bench/mpi/run.sh");
     if !std::path::Path::new(script).exists() || std::process::Command::new("sh").args(["-c", "command -v mpirun"]).output().ok()?.stdout.is_empty() {
         return None;

@@ -669,14 +669,14 @@ impl Comm {
         acc.resize(owned * plan.per_chunk * plan.dtype.size(), 0);
         let input = bufs.input();
         if let Some(windows) = red_windows(self.attachment.as_ref(), plan) {
-            let (ctl, lane, first) = (plan.red_ctl(), plan.lanes.size(), plan.owned_chunks().take(RED_SLOTS as usize));
+            let (ctl, first) = (plan.red_ctl(), plan.owned_chunks().take(RED_SLOTS as usize));
             let armed = windows.red_armed(plan.seq);
             if armed == Some(ctl) {
                 // Armed ahead for exactly this call: XDP may have folded
                 // contributions already; this rank's own joins them.
                 for (owned, chunk) in first.enumerate() {
                     let own = &input[plan.bytes(chunk)];
-                    windows.join_red_ahead(plan.seq, owned as u32, chunk as u32, plan.me, own, lane, plan.ranks as u32);
+                    windows.join_red_ahead(plan.seq, owned as u32, chunk as u32, plan.me, own);
                 }
             } else {
                 let owned = plan.owned_chunks().count().min(RED_SLOTS as usize) as u32;

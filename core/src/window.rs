@@ -480,13 +480,15 @@ impl Windows {
         self.arm_red(red);
     }
 
-    /// The call of reduction `seq` found its slot `owned` armed ahead:
-    /// names its chunk (unless XDP already did) and adds this rank's own
+    /// The call of reduction `seq` found its slot `owned` armed ahead (for
+    /// exactly this call: lane width and ranks are the armed ones): names
+    /// its chunk (unless XDP already did) and adds this rank's own
     /// contribution `own`. Returns whether that completed it.
-    pub fn join_red_ahead(&self, seq: u32, owned: u32, chunk: u32, rank: usize, own: &[u8], lane: usize, ranks: u32) -> bool {
+    pub fn join_red_ahead(&self, seq: u32, owned: u32, chunk: u32, rank: usize, own: &[u8]) -> bool {
         use std::sync::atomic::Ordering::{AcqRel, Acquire};
+        let Some(armed) = self.red_armed(seq) else { return false };
         let _ = self.red_tag(seq, owned).compare_exchange(tag(seq, RED_AHEAD), tag(seq, chunk), AcqRel, Acquire);
-        self.fold_red(seq, owned, rank, own, lane, ranks) == Some(true)
+        self.fold_red(seq, owned, rank, own, usize::from(armed.lane), armed.ranks) == Some(true)
     }
 
     /// Whether slot `owned` of reduction `seq` was armed ahead and then

@@ -406,7 +406,7 @@ fn xdp_answers_but_never_places_a_chunk_below_the_window() {
         windows.ctl().write(rx_ctl(RxCtl {
             seq: 2,
             root: 1,
-            nchunks: nchunks,
+            nchunks,
             target: nchunks,
             claim: aggbox_core::maps::CLAIM_SET,
             count: nchunks * P as u32,
@@ -576,7 +576,7 @@ fn xdp_folds_contributions_at_the_owner_and_completes_once() {
     e1.extend(i32_bytes(&c1));
     assert_eq!(h.run(Prog::XdpIngress, &inbound(&e1)).unwrap().retval, xdp::DROP, "folded before the call");
     assert!(windows.red_ahead_taken(6, 0) && windows.red_holds(0, 6, 0), "the contribution named the chunk");
-    assert!(!windows.join_red_ahead(6, 0, 0, 0, &i32_bytes(&own), 4, 3), "two of three");
+    assert!(!windows.join_red_ahead(6, 0, 0, 0, &i32_bytes(&own)), "two of three");
     let mut e2 = red_header(2, 6, 0, 2, count);
     e2.extend(i32_bytes(&c2));
     let out = h.run(Prog::XdpIngress, &udp(THIRD_IP, THIRD_PORT, LOCAL_IP, LOCAL_PORT, &e2)).unwrap();

@@ -145,8 +145,18 @@ fn float_input(h: u64, rank: usize, i: usize, n: usize, special: bool) -> f64 {
     ((h % 2_000_001) as i64 - 1_000_000) as f64 / 1000.0
 }
 
-/// Writes rank `rank`'s input of case `case` into `buf` (`count` elements).
-fn fill(buf: &mut Vec<u8>, dtype: Dtype, count: usize, seed: u64, case: usize, rank: usize, n: usize, special: bool) {
+/// Which inputs: those of case `case` of the run seeded `seed`, on `n`
+/// ranks, with NaN and Inf (`special`) or not.
+struct Inputs {
+    seed: u64,
+    case: usize,
+    n: usize,
+    special: bool,
+}
+
+/// Writes rank `rank`'s input into `buf` (`count` elements of `dtype`).
+fn fill(buf: &mut Vec<u8>, dtype: Dtype, count: usize, inputs: &Inputs, rank: usize) {
+    let Inputs { seed, case, n, special } = *inputs;
     buf.clear();
     buf.reserve(count * dtype.size());
     for i in 0..count {
@@ -260,7 +270,7 @@ fn run_case(comm: &mut Comm, args: &Args, index: usize, case: &Case) {
     let special = args.special && matches!(d, Dtype::F32 | Dtype::F64);
     let mut send = Vec::new();
     let per_rank_input = if case.coll == "reduce_scatter" { count * n } else { count };
-    fill(&mut send, d, per_rank_input, args.seed, index, me, n, special);
+    fill(&mut send, d, per_rank_input, &Inputs { seed: args.seed, case: index, n, special }, me);
     let start = Instant::now();
     let (result, out_len) = match case.coll {
         "allreduce" => {
