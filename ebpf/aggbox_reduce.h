@@ -47,6 +47,10 @@ struct aggbox_redslot {
 	__u64 bits[AGGBOX_RANK_WORDS]; /* contributors folded (the owner's own included) */
 	__u32 count; /* contributors folded */
 	__u32 done; /* 1 once complete */
+	/* CPUs between their tag check and the end of their fold: the process
+	 * waits for 0 (after untagging) before it reuses the slot. */
+	__u32 inflight;
+	__u32 reserved;
 	__u64 acc[AGGBOX_CHUNK_MAX / 8]; /* the sum, in little-endian lanes of red.lane bytes */
 };
 
@@ -159,13 +163,24 @@ static __always_inline int aggbox_xdp_red_data(struct xdp_md *ctx, struct aggbox
 		if (slot->tag != tag)
 			goto to_user;
 	}
+	/* Announce this fold, then look at the tag again: the process untags a
+	 * slot before it waits for inflight to drop to 0 and reuses it, so
+	 * either it sees this CPU here or this CPU sees the tag gone. */
+	__sync_fetch_and_add(&slot->inflight, 1);
+	if (slot->tag != tag) {
+		__sync_fetch_and_sub(&slot->inflight, 1);
+		goto to_user;
+	}
 	word = (sender / 64) & (AGGBOX_RANK_WORDS - 1);
 	bit = 1ULL << (sender % 64);
 	old = __sync_fetch_and_or(&slot->bits[word], bit);
 	if (old & bit) {
+		int verdict = slot->done ? XDP_PASS : XDP_DROP;
+
 		aggbox_rcount(AGGBOX_RSTAT_DUPLICATES);
+		__sync_fetch_and_sub(&slot->inflight, 1);
 		/* Complete: the sender lost its answer, which the process sends. */
-		return slot->done ? XDP_PASS : XDP_DROP;
+		return verdict;
 	}
 	s = bpf_map_lookup_elem(&ab_redscratch, &zero);
 	/* The bound again, on the register the copy takes (the compiler would
@@ -173,6 +188,7 @@ static __always_inline int aggbox_xdp_red_data(struct xdp_md *ctx, struct aggbox
 	barrier_var(len);
 	if (!s || len == 0 || len > AGGBOX_CHUNK_MAX || bpf_xdp_load_bytes(ctx, AGGBOX_OFF_PAYLOAD, s->data, len)) {
 		__sync_fetch_and_and(&slot->bits[word], ~bit); /* not added: let user space */
+		__sync_fetch_and_sub(&slot->inflight, 1);
 		goto to_user;
 	}
 	s->slot = slot_idx;
@@ -185,6 +201,7 @@ static __always_inline int aggbox_xdp_red_data(struct xdp_md *ctx, struct aggbox
 	bpf_tail_call(ctx, &ab_redprogs, AGGBOX_REDPROG_FOLD);
 	/* Not reached while the fold stage is in ab_redprogs. */
 	__sync_fetch_and_and(&slot->bits[word], ~bit);
+	__sync_fetch_and_sub(&slot->inflight, 1);
 	aggbox_rcount(AGGBOX_RSTAT_ERRORS);
 	goto to_user;
 
@@ -231,15 +248,15 @@ static __always_inline int aggbox_xdp_red_fold_stage(struct xdp_md *ctx)
 	if (s->next < s->lanes) {
 		bpf_tail_call(ctx, &ab_redprogs, AGGBOX_REDPROG_FOLD);
 		aggbox_rcount(AGGBOX_RSTAT_ERRORS); /* half added: must not happen */
+		__sync_fetch_and_sub(&slot->inflight, 1);
 		return XDP_DROP;
 	}
 	aggbox_rcount(AGGBOX_RSTAT_FOLDED);
 	ctl = bpf_map_lookup_elem(&ab_ctl, &s->ctl);
-	if (!ctl)
-		return XDP_DROP;
-	ranks = ctl->red[s->phase & (AGGBOX_RED_PHASES - 1)].ranks;
+	ranks = ctl ? ctl->red[s->phase & (AGGBOX_RED_PHASES - 1)].ranks : 0;
 	count = __sync_fetch_and_add(&slot->count, 1) + 1;
-	if (count < ranks || __sync_val_compare_and_swap(&slot->done, 0, 1) != 0)
+	__sync_fetch_and_sub(&slot->inflight, 1);
+	if (!ctl || count < ranks || __sync_val_compare_and_swap(&slot->done, 0, 1) != 0)
 		return XDP_DROP;
 	/* Complete: the process's one wake-up for this chunk. */
 	hdr = aggbox_xdp_strip(ctx, s->len);

@@ -111,6 +111,10 @@ pub struct RedSlot {
     pub count: u32,
     /// 1 once complete.
     pub done: u32,
+    /// CPUs folding into it (the process waits for 0 before reusing it).
+    pub inflight: u32,
+    /// Zero.
+    pub reserved: u32,
     /// The sum, in little-endian integer lanes.
     pub acc: [u64; crate::wire::CHUNK_MAX / 8],
 }
@@ -493,6 +497,7 @@ mod tests {
             "sizeof(struct aggbox_redslot)",
             "offsetof(struct aggbox_redslot, count)",
             "offsetof(struct aggbox_redslot, done)",
+            "offsetof(struct aggbox_redslot, inflight)",
             "offsetof(struct aggbox_redslot, acc)",
             "AGGBOX_RSTAT_MAX",
             "AGGBOX_RSTAT_TO_USER",
@@ -506,6 +511,7 @@ mod tests {
             size_of::<RedSlot>() as u64,
             offset_of!(RedSlot, count) as u64,
             offset_of!(RedSlot, done) as u64,
+            offset_of!(RedSlot, inflight) as u64,
             offset_of!(RedSlot, acc) as u64,
             RSTAT_NAMES.len() as u64,
             RSTAT_NAMES.iter().position(|n| *n == "to_user").unwrap() as u64,

@@ -421,6 +421,23 @@ impl Windows {
         unsafe { &*(std::ptr::addr_of!((*self.red_slot(seq, owned)).done) as *const AtomicU32) }
     }
 
+    fn red_inflight(&self, seq: u32, owned: u32) -> &AtomicU32 {
+        // SAFETY: a 4-aligned field of a slot in the mapping.
+        unsafe { &*(std::ptr::addr_of!((*self.red_slot(seq, owned)).inflight) as *const AtomicU32) }
+    }
+
+    /// Untags slot `owned` of `seq`'s phase and waits until no CPU is
+    /// folding into it (XDP announces a fold, then looks at the tag again),
+    /// so it can be reset for another chunk.
+    fn quiesce_red(&self, seq: u32, owned: u32) {
+        use std::sync::atomic::Ordering::SeqCst;
+        self.red_tag(seq, owned).store(0, SeqCst);
+        std::sync::atomic::fence(SeqCst);
+        while self.red_inflight(seq, owned).load(SeqCst) != 0 {
+            std::hint::spin_loop(); // a fold takes microseconds
+        }
+    }
+
     /// The `seq` field of the control of reduction `seq`'s phase.
     fn red_seq(&self, seq: u32) -> &AtomicU32 {
         let phase = (seq % RED_PHASES) as usize;
@@ -467,7 +484,7 @@ impl Windows {
         self.red_seq(red.seq).store(0, Release);
         std::sync::atomic::fence(std::sync::atomic::Ordering::SeqCst);
         for i in 0..owned.min(RED_SLOTS) {
-            self.red_tag(red.seq, i).store(0, Release);
+            self.quiesce_red(red.seq, i);
             for word in 0..crate::wire::MAX_RANKS / 64 {
                 self.red_bits(red.seq, i, word).store(0, Relaxed);
             }
@@ -503,8 +520,7 @@ impl Windows {
     /// its bit `rank` set and a count of 1; the tag last.
     pub fn prepare_red(&self, owned: u32, seq: u32, chunk: u32, rank: usize, own: &[u8]) {
         use std::sync::atomic::Ordering::{Relaxed, Release};
-        self.red_tag(seq, owned).store(0, Release);
-        std::sync::atomic::fence(std::sync::atomic::Ordering::SeqCst);
+        self.quiesce_red(seq, owned);
         for word in 0..crate::wire::MAX_RANKS / 64 {
             self.red_bits(seq, owned, word).store(0, Relaxed);
         }

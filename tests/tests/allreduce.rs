@@ -242,7 +242,10 @@ fn loss_duplication_and_reordering_are_repaired() {
     let mut cases = matrix(1000);
     cases.push(format!("allreduce:f32:sum:{}", (1 << 20) + 3));
     cases.push(format!("reduce_scatter:u64:sum:{}", 100_000));
-    for datapath_of in [user as DatapathOf, mixed] {
+    // Big enough that owners reuse their kernel slots (559 owned chunks of
+    // a block, 256 slots) while repeats of completed chunks still arrive.
+    cases.push(format!("reduce_scatter:i64:sum:{}", 200_000));
+    for datapath_of in [user as DatapathOf, kernel, mixed] {
         let before = cluster.fault_stats().unwrap();
         let reports = run(&cluster, HOSTS, datapath_of, &cases, &[]);
         let after = cluster.fault_stats().unwrap();
