@@ -131,6 +131,33 @@ impl<'a> CommRef<'a> {
     }
 }
 
+impl CommRef<'_> {
+    /// Starts `op` on the communicator's progress thread, behind what is
+    /// pending there, and writes the request that finishes it to `out`
+    /// (the body of every asynchronous export; `name` names it in errors).
+    ///
+    /// # Safety
+    ///
+    /// `out` is valid for writing a pointer (checked with `try_write` by
+    /// the caller before anything else).
+    pub(crate) unsafe fn start(
+        &self,
+        name: &'static str,
+        out: *mut *mut crate::request::aggbox_request,
+        op: impl FnOnce(&mut Comm) -> Result<()> + Send + 'static,
+    ) -> Result<()> {
+        use crate::request::{aggbox_request, Completion, Finisher};
+        let completion = std::sync::Arc::new(Completion::default());
+        let finisher = Finisher::new(completion.clone(), name);
+        self.progress()
+            .submit(self.shared_comm(), self.rank(), Box::new(move |comm| finisher.finish(comm.and_then(op))))?;
+        let request = Box::into_raw(Box::new(aggbox_request::new(completion)));
+        // SAFETY: the caller's promise.
+        unsafe { out.write(request) };
+        Ok(())
+    }
+}
+
 impl Deref for CommRef<'_> {
     type Target = aggbox_comm;
 

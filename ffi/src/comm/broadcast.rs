@@ -4,7 +4,6 @@
 use std::{
     os::raw::{c_int, c_void},
     ptr::{self, NonNull},
-    sync::Arc,
 };
 
 use aggbox_core::{Comm, Dtype, Result};
@@ -12,7 +11,7 @@ use aggbox_core::{Comm, Dtype, Result};
 use super::{aggbox_comm, CommRef};
 use crate::{
     boundary::{invalid, status_call, try_write},
-    request::{aggbox_request, Completion, Finisher},
+    request::aggbox_request,
     types::{aggbox_dtype, aggbox_status, RawDtype},
 };
 
@@ -160,17 +159,8 @@ pub unsafe extern "C" fn aggbox_ibroadcast(
         unsafe { try_write(out, "out", ptr::null_mut()) }?;
         let handle = unsafe { CommRef::new(comm) }?;
         let broadcast = Broadcast::check(&handle, buf, count, dtype, root)?;
-        let completion = Arc::new(Completion::default());
-        let finisher = Finisher::new(completion.clone(), "aggbox_ibroadcast");
-        handle.progress().submit(
-            handle.shared_comm(),
-            handle.rank(),
-            Box::new(move |comm| finisher.finish(comm.and_then(|comm| broadcast.run(comm)))),
-        )?;
-        let request = Box::into_raw(Box::new(aggbox_request::new(completion)));
-        // SAFETY: checked by try_write above.
-        unsafe { out.write(request) };
-        Ok(())
+        // SAFETY: `out` checked by try_write above.
+        unsafe { handle.start("aggbox_ibroadcast", out, move |comm| broadcast.run(comm)) }
     })
 }
 

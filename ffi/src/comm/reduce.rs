@@ -12,7 +12,6 @@ use std::{
     ops::Range,
     os::raw::{c_int, c_void},
     ptr::{self, NonNull},
-    sync::Arc,
 };
 
 use aggbox_core::{Comm, Dtype, Error, ReduceOp, Result};
@@ -20,7 +19,7 @@ use aggbox_core::{Comm, Dtype, Error, ReduceOp, Result};
 use super::{aggbox_comm, CommRef};
 use crate::{
     boundary::{invalid, status_call, try_write},
-    request::{aggbox_request, Completion, Finisher},
+    request::aggbox_request,
     types::{aggbox_dtype, aggbox_status, RawDtype, RawOp},
 };
 
@@ -587,17 +586,8 @@ pub unsafe extern "C" fn aggbox_iallreduce(
         unsafe { try_write(out, "out", ptr::null_mut()) }?;
         let handle = unsafe { CommRef::new(comm) }?;
         let call = Call::allreduce(sendbuf, recvbuf, count, dtype, op)?;
-        let completion = Arc::new(Completion::default());
-        let finisher = Finisher::new(completion.clone(), "aggbox_iallreduce");
-        handle.progress().submit(
-            handle.shared_comm(),
-            handle.rank(),
-            Box::new(move |comm| finisher.finish(comm.and_then(|comm| call.run(comm)))),
-        )?;
-        let request = Box::into_raw(Box::new(aggbox_request::new(completion)));
-        // SAFETY: checked by try_write above.
-        unsafe { out.write(request) };
-        Ok(())
+        // SAFETY: `out` checked by try_write above.
+        unsafe { handle.start("aggbox_iallreduce", out, move |comm| call.run(comm)) }
     })
 }
 
