@@ -59,6 +59,33 @@ pub fn c_example(name: &'static str) -> PathBuf {
     out
 }
 
+/// Held by each multi-host test of a test binary for its whole run: they
+/// share two cores, so they run one at a time (a test that failed while
+/// holding it does not stop the others).
+pub fn serial() -> std::sync::MutexGuard<'static, ()> {
+    static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    SERIAL.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
+/// Every rank on the user datapath (a `datapath_of` for the tests).
+pub fn user(_: usize) -> &'static str {
+    "user"
+}
+
+/// Every rank on the kernel datapath.
+pub fn kernel(_: usize) -> &'static str {
+    "kernel"
+}
+
+/// Even ranks on the kernel datapath, odd ranks on the user datapath.
+pub fn mixed(rank: usize) -> &'static str {
+    if rank.is_multiple_of(2) {
+        "kernel"
+    } else {
+        "user"
+    }
+}
+
 /// Parses `key=value key=value …` into a map.
 pub fn fields(line: &str) -> HashMap<String, String> {
     line.split_whitespace()

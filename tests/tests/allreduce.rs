@@ -10,13 +10,12 @@
 //! On the kernel datapath the reductions still run in user space (their
 //! datagrams pass the XDP and TC checks); see docs/ALLREDUCE.md.
 //!
-//! The tests run one at a time (they share two cores): each takes `SERIAL`.
+//! The tests run one at a time (they share two cores): each holds `serial()`.
 
 use std::{
     collections::HashMap,
     net::{SocketAddrV4, UdpSocket},
     path::PathBuf,
-    sync::Mutex,
     time::{Duration, Instant},
 };
 
@@ -25,7 +24,7 @@ use aggbox_core::{
     fault::FaultSpec,
     wire::{Header, Kind, HDR_LEN},
 };
-use aggbox_tests::{fields, number, RankProcess};
+use aggbox_tests::{fields, kernel, mixed, number, serial, user, RankProcess};
 
 const HOSTS: usize = 8;
 const MASTER_PORT: u16 = 29_700;
@@ -35,30 +34,8 @@ const SEED: &str = "20261202";
 const INT_TYPES: [&str; 4] = ["i32", "i64", "u32", "u64"];
 const FLOAT_TYPES: [&str; 2] = ["f32", "f64"];
 
-static SERIAL: Mutex<()> = Mutex::new(());
-
-fn serial() -> std::sync::MutexGuard<'static, ()> {
-    SERIAL.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
-}
-
 fn rank_binary() -> PathBuf {
     env!("CARGO_BIN_EXE_aggbox-reduce-rank").into()
-}
-
-fn user(_: usize) -> &'static str {
-    "user"
-}
-
-fn kernel(_: usize) -> &'static str {
-    "kernel"
-}
-
-fn mixed(rank: usize) -> &'static str {
-    if rank.is_multiple_of(2) {
-        "kernel"
-    } else {
-        "user"
-    }
 }
 
 type DatapathOf = fn(usize) -> &'static str;

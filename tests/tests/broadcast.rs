@@ -6,17 +6,16 @@
 //! mismatched calls; and the C example. Every receiver regenerates the
 //! root's buffer from the seed and compares byte for byte.
 //!
-//! The tests run one at a time (they share two cores): each takes `SERIAL`.
+//! The tests run one at a time (they share two cores): each holds `serial()`.
 
 use std::{
     collections::HashMap,
     path::PathBuf,
-    sync::Mutex,
     time::{Duration, Instant},
 };
 
 use aggbox_core::{cluster::Cluster, fault::FaultSpec, wire};
-use aggbox_tests::{c_example, fields, number, RankProcess};
+use aggbox_tests::{c_example, fields, kernel, mixed, number, serial, user, RankProcess};
 
 const HOSTS: usize = 8;
 const MASTER_PORT: u16 = 29_500;
@@ -26,32 +25,8 @@ const MIB: usize = 1 << 20;
 /// The seed of every run's buffers.
 const SEED: &str = "20261202";
 
-/// Held by each test for its whole run.
-static SERIAL: Mutex<()> = Mutex::new(());
-
-fn serial() -> std::sync::MutexGuard<'static, ()> {
-    SERIAL.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
-}
-
 fn rank_binary() -> PathBuf {
     env!("CARGO_BIN_EXE_aggbox-bcast-rank").into()
-}
-
-fn user(_: usize) -> &'static str {
-    "user"
-}
-
-fn kernel(_: usize) -> &'static str {
-    "kernel"
-}
-
-/// Even ranks on the kernel datapath, odd ranks on the user datapath.
-fn mixed(rank: usize) -> &'static str {
-    if rank.is_multiple_of(2) {
-        "kernel"
-    } else {
-        "user"
-    }
 }
 
 /// The `--case` arguments of the full size matrix: every small size and

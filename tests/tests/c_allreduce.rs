@@ -9,43 +9,23 @@
 //! wrapper. (The argument checks of the C ABI are unit tests in
 //! ffi/src/comm/reduce.rs.)
 //!
-//! The tests run one at a time (they share two cores): each takes `SERIAL`.
+//! The tests run one at a time (they share two cores): each holds `serial()`.
 
 use std::{
     collections::HashMap,
     path::PathBuf,
     process::{Command, Stdio},
-    sync::Mutex,
     time::{Duration, Instant},
 };
 
 use aggbox_core::cluster::Cluster;
-use aggbox_tests::{c_example, fields, number, target_dir, workspace, RankProcess};
+use aggbox_tests::{c_example, fields, mixed, number, serial, target_dir, user, workspace, RankProcess};
 
 const HOSTS: usize = 8;
 const MASTER_PORT: u16 = 29_520;
 /// Element counts: one, less than a chunk, and a large odd one (not a
 /// multiple of the chunk, of the ranks or of a block).
 const COUNTS: [&str; 3] = ["1", "1000", "1048579"];
-
-static SERIAL: Mutex<()> = Mutex::new(());
-
-fn serial() -> std::sync::MutexGuard<'static, ()> {
-    SERIAL.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
-}
-
-fn user(_: usize) -> &'static str {
-    "user"
-}
-
-/// Even ranks on the kernel datapath, odd ranks on the user datapath.
-fn mixed(rank: usize) -> &'static str {
-    if rank.is_multiple_of(2) {
-        "kernel"
-    } else {
-        "user"
-    }
-}
 
 /// Runs `program args` as every rank of the cluster, each host's datapath
 /// from `datapath_of`, and returns each rank's exit code and lines.
