@@ -86,6 +86,18 @@ pub fn mixed(rank: usize) -> &'static str {
     }
 }
 
+/// How a rank program reports a failed call and exits (status 1): one line
+/// `error status=STATUS blamed=RANK message=…` (`blamed` is `-` unless a
+/// peer failed).
+pub fn fail(e: &aggbox_core::Error) -> ! {
+    let blamed = match e {
+        aggbox_core::Error::PeerFailed { rank, .. } => rank.to_string(),
+        _ => "-".into(),
+    };
+    println!("error status={:?} blamed={blamed} message={e}", e.status());
+    std::process::exit(1);
+}
+
 /// Parses `key=value key=value …` into a map.
 pub fn fields(line: &str) -> HashMap<String, String> {
     line.split_whitespace()

@@ -22,8 +22,8 @@
 
 use std::time::Instant;
 
-use aggbox_core::{maps::Prog, Comm, Dtype, Error};
-use aggbox_tests::{case_seed, fill_random};
+use aggbox_core::{maps::Prog, Comm, Dtype};
+use aggbox_tests::{case_seed, fail, fill_random};
 
 /// One `--case`: a size and the roots to broadcast it from.
 struct Case {
@@ -79,15 +79,6 @@ fn parse_args(ranks: usize) -> Args {
     }
     args.mismatch = mismatch_kind.map(|kind| (kind, at.expect("--mismatch needs --at")));
     args
-}
-
-fn fail(e: &Error) -> ! {
-    let blamed = match e {
-        Error::PeerFailed { rank, .. } => rank.to_string(),
-        _ => "-".into(),
-    };
-    println!("error status={:?} blamed={blamed} message={e}", e.status());
-    std::process::exit(1);
 }
 
 /// The root's buffer of the last case, regenerated when the case changes.

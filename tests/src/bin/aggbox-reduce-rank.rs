@@ -28,7 +28,8 @@
 
 use std::time::Instant;
 
-use aggbox_core::{Comm, Dtype, Error, ReduceOp};
+use aggbox_core::{Comm, Dtype, ReduceOp};
+use aggbox_tests::fail;
 
 #[derive(Clone, Copy)]
 struct Case {
@@ -108,15 +109,6 @@ fn parse_args() -> Args {
         i += 2;
     }
     args
-}
-
-fn fail(e: &Error) -> ! {
-    let blamed = match e {
-        Error::PeerFailed { rank, .. } => rank.to_string(),
-        _ => "-".into(),
-    };
-    println!("error status={:?} blamed={blamed} message={e}", e.status());
-    std::process::exit(1);
 }
 
 /// splitmix64 of the element's coordinates.
