@@ -849,7 +849,7 @@ impl Comm {
             }
             Kind::RedData | Kind::RedResult | Kind::RedDone if header.seq == plan.seq => {
                 self.red.heard[sender] = Instant::now();
-                self.red_check(plan, &header, got)?;
+                self.red_check(plan, &header, got.kind, self.payload(got).len())?;
                 let chunk = header.chunk as usize;
                 match got.kind {
                     Kind::RedData => self.red_fold(plan, bufs, &header, got, remaining),
@@ -903,7 +903,7 @@ impl Comm {
 
     /// Checks a datagram of this call against the call: on a mismatch,
     /// tells every rank and fails.
-    fn red_check(&mut self, plan: &Plan, header: &Header, got: &Received) -> Result<()> {
+    fn red_check(&mut self, plan: &Plan, header: &Header, kind: Kind, payload_len: usize) -> Result<()> {
         let chunk = header.chunk as usize;
         let theirs = (header.count as usize, header.dtype, header.op, header.nchunks as usize);
         let ours = (plan.count, plan.dtype.code(), plan.op_code(), plan.nchunks);
@@ -918,12 +918,12 @@ impl Comm {
             None
         };
         if wrong.is_none() {
-            let to_me = match got.kind {
+            let to_me = match kind {
                 Kind::RedData => plan.owner(chunk) == plan.me,
                 Kind::RedResult => plan.recipient(plan.me, chunk),
                 _ => plan.owner(chunk) != plan.me,
             };
-            let len_ok = got.kind == Kind::RedDone || self.payload(got).len() == plan.bytes(chunk).len();
+            let len_ok = kind == Kind::RedDone || payload_len == plan.bytes(chunk).len();
             if !to_me || !len_ok {
                 wrong = Some(format!("rank {} sent chunk {chunk} that is not this rank's to get", header.sender));
             }
@@ -1180,23 +1180,7 @@ impl Comm {
     ) -> Result<()> {
         let chunk = header.chunk as usize;
         let sender = header.sender as usize;
-        let fits = (header.count as usize, header.dtype, header.op, header.nchunks as usize)
-            == (plan.count, plan.dtype.code(), plan.op_code(), plan.nchunks)
-            && chunk < plan.nchunks
-            && plan.owner(chunk) == plan.me
-            && payload.len() == plan.bytes(chunk).len();
-        if !fits {
-            self.red_abort(plan, plan.me, true)?;
-            return Err(Error::Mismatch(format!(
-                "{}: rank {sender} sent count {}, dtype code {}, op code {:#04x} for chunk {chunk}; rank {} called {}: mismatched collective calls",
-                plan.name(),
-                header.count,
-                header.dtype,
-                header.op,
-                plan.me,
-                plan.describe()
-            )));
-        }
+        self.red_check(plan, header, Kind::RedData, payload.len())?;
         if self.red.done[chunk] {
             self.user_stats.duplicates += 1;
             return Ok(());
