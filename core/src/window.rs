@@ -480,21 +480,42 @@ impl Windows {
     /// and tagged [`RED_AHEAD`], for XDP to fold early contributions into;
     /// the call adds this rank's own ([`Windows::join_red_ahead`]).
     pub fn arm_red_ahead(&self, red: &RedCtl, owned: u32) {
-        use std::sync::atomic::Ordering::{Relaxed, Release};
+        use std::sync::atomic::Ordering::Release;
         self.red_seq(red.seq).store(0, Release);
         std::sync::atomic::fence(std::sync::atomic::Ordering::SeqCst);
         for i in 0..owned.min(RED_SLOTS) {
-            self.quiesce_red(red.seq, i);
-            for word in 0..crate::wire::MAX_RANKS / 64 {
-                self.red_bits(red.seq, i, word).store(0, Relaxed);
-            }
-            self.red_count(red.seq, i).store(0, Relaxed);
-            self.red_done(red.seq, i).store(0, Relaxed);
-            // SAFETY: the acc field of a slot inside the mapping, untagged.
-            unsafe { std::ptr::addr_of_mut!((*self.red_slot(red.seq, i)).acc).write_bytes(0, 1) };
-            self.red_tag(red.seq, i).store(tag(red.seq, RED_AHEAD), Release);
+            self.reset_red(red.seq, i, None, tag(red.seq, RED_AHEAD));
         }
         self.arm_red(red);
+    }
+
+    /// Resets slot `owned` of `seq`'s phase once no CPU folds into it: no
+    /// contributor, or `own` = (this rank, its contribution) as the
+    /// starting sum; then tags it `new_tag`.
+    fn reset_red(&self, seq: u32, owned: u32, own: Option<(usize, &[u8])>, new_tag: u64) {
+        use std::sync::atomic::Ordering::{Relaxed, Release};
+        self.quiesce_red(seq, owned);
+        for word in 0..crate::wire::MAX_RANKS / 64 {
+            self.red_bits(seq, owned, word).store(0, Relaxed);
+        }
+        self.red_done(seq, owned).store(0, Relaxed);
+        // SAFETY: a slot inside the mapping, untagged: XDP leaves it alone.
+        let acc = unsafe { std::ptr::addr_of_mut!((*self.red_slot(seq, owned)).acc) };
+        match own {
+            Some((rank, lanes)) => {
+                self.red_bits(seq, owned, rank / 64).store(1 << (rank % 64), Relaxed);
+                self.red_count(seq, owned).store(1, Relaxed);
+                let len = lanes.len().min(crate::wire::CHUNK_MAX);
+                // SAFETY: at most CHUNK_MAX bytes into the acc field.
+                unsafe { std::ptr::copy_nonoverlapping(lanes.as_ptr(), acc.cast::<u8>(), len) };
+            }
+            None => {
+                self.red_count(seq, owned).store(0, Relaxed);
+                // SAFETY: the whole acc field.
+                unsafe { acc.write_bytes(0, 1) };
+            }
+        }
+        self.red_tag(seq, owned).store(new_tag, Release);
     }
 
     /// The call of reduction `seq` found its slot `owned` armed ahead (for
@@ -519,22 +540,7 @@ impl Windows {
     /// `seq`) with this rank's own contribution `own` as the starting sum:
     /// its bit `rank` set and a count of 1; the tag last.
     pub fn prepare_red(&self, owned: u32, seq: u32, chunk: u32, rank: usize, own: &[u8]) {
-        use std::sync::atomic::Ordering::{Relaxed, Release};
-        self.quiesce_red(seq, owned);
-        for word in 0..crate::wire::MAX_RANKS / 64 {
-            self.red_bits(seq, owned, word).store(0, Relaxed);
-        }
-        self.red_bits(seq, owned, rank / 64).store(1 << (rank % 64), Relaxed);
-        self.red_count(seq, owned).store(1, Relaxed);
-        self.red_done(seq, owned).store(0, Relaxed);
-        let len = own.len().min(crate::wire::CHUNK_MAX);
-        // SAFETY: the acc field of a slot inside the mapping; XDP does not
-        // touch a slot whose tag does not match (it is 0 now).
-        unsafe {
-            let acc = std::ptr::addr_of_mut!((*self.red_slot(seq, owned)).acc).cast::<u8>();
-            std::ptr::copy_nonoverlapping(own.as_ptr(), acc, len);
-        }
-        self.red_tag(seq, owned).store(tag(seq, chunk), Release);
+        self.reset_red(seq, owned, Some((rank, own)), tag(seq, chunk));
     }
 
     /// Whether owned chunk `owned`'s slot sums chunk `chunk` of `seq`.
