@@ -40,22 +40,41 @@ pub fn c_example(name: &'static str) -> PathBuf {
     if let Some(path) = built.get(name) {
         return path.clone();
     }
+    let out = compile_example("cc", &["-std=c11"], &[], &format!("examples/c/{name}.c"), &format!("aggbox-{name}"));
+    built.insert(name, out.clone());
+    out
+}
+
+/// Compiles `examples/cpp/<name>.cpp` with the C++ wrapper
+/// (`bindings/cpp`) against `include/aggbox.h` and `libaggbox.so`, with
+/// `$CXX` (else `c++`).
+pub fn cpp_example(name: &str) -> PathBuf {
+    let cxx = std::env::var("CXX").unwrap_or_else(|_| "c++".into());
+    let bindings = workspace().join("bindings/cpp");
+    compile_example(&cxx, &["-std=c++17"], &[&bindings], &format!("examples/cpp/{name}.cpp"), &format!("aggbox-cpp-{name}"))
+}
+
+/// Compiles the workspace's `source` with `compiler` and warnings as errors
+/// into a temporary `out_name`, against `include/` (and `includes`) and the
+/// `libaggbox.so` of this build.
+fn compile_example(compiler: &str, flags: &[&str], includes: &[&Path], source: &str, out_name: &str) -> PathBuf {
     let lib_dir = target_dir();
     assert!(lib_dir.join("libaggbox.so").exists(), "libaggbox.so is missing: run `cargo build --workspace` first");
-    let out = std::env::temp_dir().join(format!("aggbox-{name}-{}", std::process::id()));
-    let status = Command::new("cc")
-        .args(["-std=c11", "-Wall", "-Wextra", "-Werror", "-O2"])
+    let out = std::env::temp_dir().join(format!("{out_name}-{}", std::process::id()));
+    let status = Command::new(compiler)
+        .args(flags)
+        .args(["-Wall", "-Wextra", "-Werror", "-O2"])
         .arg(format!("-I{}", workspace().join("include").display()))
-        .arg(workspace().join(format!("examples/c/{name}.c")))
+        .args(includes.iter().map(|dir| format!("-I{}", dir.display())))
+        .arg(workspace().join(source))
         .arg(format!("-L{}", lib_dir.display()))
         .arg(format!("-Wl,-rpath,{}", lib_dir.display()))
         .arg("-laggbox")
         .arg("-o")
         .arg(&out)
         .status()
-        .expect("run cc");
-    assert!(status.success(), "compiling examples/c/{name}.c failed");
-    built.insert(name, out.clone());
+        .unwrap_or_else(|e| panic!("running {compiler}: {e}"));
+    assert!(status.success(), "compiling {source} failed");
     out
 }
 

@@ -13,13 +13,12 @@
 
 use std::{
     collections::HashMap,
-    path::PathBuf,
     process::{Command, Stdio},
     time::{Duration, Instant},
 };
 
 use aggbox_core::cluster::Cluster;
-use aggbox_tests::{c_example, fields, mixed, number, serial, target_dir, user, workspace, RankProcess};
+use aggbox_tests::{c_example, cpp_example, fields, mixed, number, serial, user, RankProcess};
 
 const HOSTS: usize = 8;
 const MASTER_PORT: u16 = 29_520;
@@ -136,31 +135,6 @@ fn the_c_example_rejects_a_bad_size() {
     let output = Command::new(c_example("allreduce")).arg("12x").output().unwrap();
     assert_eq!(output.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&output.stderr).contains("12x is not a size"));
-}
-
-/// Compiles `examples/cpp/<name>.cpp` with the C++ wrapper against
-/// libaggbox.so (as `c_example` does for C).
-fn cpp_example(name: &str) -> PathBuf {
-    let lib_dir = target_dir();
-    assert!(
-        lib_dir.join("libaggbox.so").exists(),
-        "libaggbox.so is missing: run `cargo build` first"
-    );
-    let out = std::env::temp_dir().join(format!("aggbox-cpp-{name}-{}", std::process::id()));
-    let status = Command::new(std::env::var("CXX").unwrap_or_else(|_| "c++".into()))
-        .args(["-std=c++17", "-Wall", "-Wextra", "-Werror", "-O2"])
-        .arg(format!("-I{}", workspace().join("include").display()))
-        .arg(format!("-I{}", workspace().join("bindings/cpp").display()))
-        .arg(workspace().join(format!("examples/cpp/{name}.cpp")))
-        .arg(format!("-L{}", lib_dir.display()))
-        .arg(format!("-Wl,-rpath,{}", lib_dir.display()))
-        .arg("-laggbox")
-        .arg("-o")
-        .arg(&out)
-        .status()
-        .expect("run c++");
-    assert!(status.success(), "compiling examples/cpp/{name}.cpp failed");
-    out
 }
 
 #[test]
