@@ -92,12 +92,16 @@ struct aggbox_rxctl {
  * can land while the process is still copying this one out.
  */
 /*
- * A reduction this communicator owns chunks of, armed by the process
- * (seq 0: none) when the owners' sums are integer lane additions
- * (docs/ALLREDUCE.md, "Kernel datapath"): the current one, and the next
- * one armed ahead with the parameters of the one before (a training loop
- * repeats its calls). XDP folds a RED_DATA only when every field matches
- * its header, into the slot the process prepared.
+ * A reduction this communicator takes part in, armed by the process (seq 0:
+ * none) when the owners' sums are integer lane folds (docs/ALLREDUCE.md,
+ * "Kernel datapath"): the current one, and the next one armed ahead with
+ * the parameters of the one before (a training loop repeats its calls).
+ * XDP folds a RED_DATA only when every field matches its header, into the
+ * slot the process prepared. For an allreduce (`fanout`), XDP also turns
+ * the contribution that completes a chunk into its result, which TC
+ * ingress fans out to every member, places the results of others' chunks
+ * in this communicator's result window (ab_redres), and counts both in
+ * `landed`, so the process is woken once, not per chunk.
  */
 struct aggbox_redctl {
 	__u32 seq;
@@ -106,14 +110,40 @@ struct aggbox_redctl {
 	__u8 dtype; /* the header's dtype */
 	__u8 op; /* the header's op byte (collective, QUANTIZED, operator) */
 	__u8 lane; /* bytes of an integer lane: 4 or 8 */
-	__u8 reserved;
+	__u8 fold; /* how lanes combine: AGGBOX_FOLD_* */
 	__u32 ranks; /* contributions a chunk needs, the owner's own included */
 	__u32 base; /* this rank's first chunk */
 	__u32 stride; /* chunks between two of its chunks: owned index = (chunk - base) / stride */
 	__u32 chunk_bytes; /* bytes of a chunk */
 	__u32 last_bytes; /* bytes of the short chunk, owned index owned_last (if this rank owns it) */
 	__u32 owned_last;
+	/* Results in the kernel (allreduce). */
+	__u32 rank; /* this communicator's rank: the sender of the results it fans out */
+	__u32 fanout; /* 1: fan completed chunks out and place others' results */
+	__u32 result_last; /* bytes of the vector's last chunk */
+	__u32 credit; /* results of chunks below this may be placed: first chunk not done + AGGBOX_RES_SLOTS */
+	__u32 notify; /* notify the process every this many chunks landed */
+	__u32 landed; /* owned chunks XDP completed + results XDP placed */
+	__u32 target; /* chunks XDP must land: nchunks less those the process handled itself */
+	__u32 notified; /* set once the completion notice went up */
 };
+
+/* How the lanes of a reduction combine (aggbox_redctl.fold). MIN and MAX
+ * are compare-and-swap loops, idempotent, so a contribution that loses too
+ * many races is passed to the process, which folds it again. */
+#define AGGBOX_FOLD_ADD 0 /* wrapping integer addition */
+#define AGGBOX_FOLD_MIN_S 1 /* signed minimum */
+#define AGGBOX_FOLD_MIN_U 2 /* unsigned minimum */
+#define AGGBOX_FOLD_MAX_S 3 /* signed maximum */
+#define AGGBOX_FOLD_MAX_U 4 /* unsigned maximum */
+
+/* The collective in the high nibble of a reduction header's op byte. */
+#define AGGBOX_COLL_ALLREDUCE 1
+
+/* Result slots of one communicator and phase, in chunks (power of 2): a
+ * contributor keeps this many chunks in flight on the kernel datapath, so
+ * every result it can get has a slot. */
+#define AGGBOX_RES_SLOTS 128
 
 /* Reductions in flight at an owner: red[seq % 2], and that phase's slots. */
 #define AGGBOX_RED_PHASES 2
@@ -260,6 +290,18 @@ struct {
 	__uint(pinning, LIBBPF_PIN_BY_NAME);
 } ab_txwin SEC(".maps");
 
+/* Reduction result windows: ab_redres[(ctl * RED_PHASES + seq % 2) *
+ * RES_SLOTS + chunk % RES_SLOTS], a result XDP placed, tagged like a
+ * receive slot. */
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(map_flags, BPF_F_MMAPABLE);
+	__uint(max_entries, AGGBOX_CTL_SLOTS * AGGBOX_RED_PHASES * AGGBOX_RES_SLOTS);
+	__type(key, __u32);
+	__type(value, struct aggbox_rxslot);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} ab_redres SEC(".maps");
+
 /* Broadcast counters of the host: ab_bstats[stat], per CPU. */
 enum aggbox_bstat {
 	AGGBOX_BSTAT_CLONED = 0, /* TC egress: copies of FANOUT chunks sent, the original included (size - 1 each) */
@@ -285,6 +327,40 @@ static __always_inline void aggbox_bcount(enum aggbox_bstat stat)
 {
 	__u32 idx = stat;
 	__u64 *value = bpf_map_lookup_elem(&ab_bstats, &idx);
+
+	if (value)
+		*value += 1;
+}
+
+/* Reduction counters of the host: ab_rstats[stat], per CPU. */
+enum aggbox_rstat {
+	AGGBOX_RSTAT_FOLDED = 0, /* contributions added into a slot by XDP */
+	AGGBOX_RSTAT_SUMS = 1, /* RED_SUM notices passed up: chunks XDP completed */
+	AGGBOX_RSTAT_DUPLICATES = 2, /* repeats of a contribution already added */
+	AGGBOX_RSTAT_TO_USER = 3, /* RED_DATA left to user space (unarmed, unprepared, odd) */
+	AGGBOX_RSTAT_ERRORS = 4, /* a tail call that did not happen (must stay 0) */
+	AGGBOX_RSTAT_FANNED_OUT = 5, /* TC ingress: results of chunks XDP completed, sent to a member */
+	AGGBOX_RSTAT_PLACED = 6, /* XDP: results placed in the result window */
+	AGGBOX_RSTAT_ANSWERED = 7, /* XDP: repeats of a completed chunk's contribution answered with its result */
+	AGGBOX_RSTAT_LANDED = 8, /* XDP: landed notices passed up */
+	AGGBOX_RSTAT_CONTENDED = 9, /* XDP: MIN/MAX contributions that lost too many races, left to the process */
+	AGGBOX_RSTAT_RES_TO_USER = 10, /* XDP: RED_RESULT left to user space (unarmed, beyond credit, odd) */
+	AGGBOX_RSTAT_FORGED = 11, /* XDP: kernel-internal kinds or flags that came from the wire, dropped */
+	AGGBOX_RSTAT_MAX = 12,
+};
+
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__uint(max_entries, AGGBOX_RSTAT_MAX);
+	__type(key, __u32);
+	__type(value, __u64);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} ab_rstats SEC(".maps");
+
+static __always_inline void aggbox_rcount(enum aggbox_rstat stat)
+{
+	__u32 idx = stat;
+	__u64 *value = bpf_map_lookup_elem(&ab_rstats, &idx);
 
 	if (value)
 		*value += 1;

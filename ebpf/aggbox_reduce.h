@@ -1,26 +1,35 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /*
- * Kernel folding of reduction contributions at a chunk's owner
- * (docs/ALLREDUCE.md, "Kernel datapath").
+ * The kernel datapath of the reductions (docs/ALLREDUCE.md, "Kernel
+ * datapath").
  *
- * The owner's process arms its control block's `red[seq % 2]` for one
- * reduction whose sums are integer lane additions (integer SUM, quantized
- * float SUM/AVG) and prepares one slot of ab_redwin per owned chunk in
- * flight: tag, its own contribution as the starting sum, its own bit, a
- * count of 1. It also arms the next reduction ahead, with the parameters
- * of the one before it (the same phase), its first slots zeroed and
- * tagged AGGBOX_RED_AHEAD: XDP folds early contributions there, and the
- * process adds its own when it makes the call. For each RED_DATA of that reduction to a prepared slot, XDP
- * ingress (aggbox_xdp_red_data) claims the sender's bit (a repeat is
- * dropped, or passed up when the chunk is complete, so the process
- * answers it), copies the payload into a per-CPU scratch buffer and
- * tail-calls the fold stage. Each run of aggbox_xdp_red_fold adds
- * AGGBOX_RED_SEG lanes into the slot with atomic adds and tail-calls itself
- * for the next segment; the last one counts the contribution, and the one
- * that makes the count reach the group size turns the datagram into a
- * header-only RED_SUM notice for the process: its one wake-up for the
- * chunk, which it reads from the mapped slot. Every other contribution is
- * dropped: none reaches the socket.
+ * Owners' folds. The owner's process arms its control block's
+ * `red[seq % 2]` for one reduction whose lanes XDP can combine (integer
+ * SUM, MIN and MAX; quantized float SUM/AVG) and prepares one slot of
+ * ab_redwin per owned chunk in flight: tag, its own contribution as the
+ * start, its own bit, a count of 1. It also arms the next reduction ahead,
+ * with the parameters of the one before it (the same phase), its first
+ * slots set to the fold's identity and tagged AGGBOX_RED_AHEAD: XDP folds
+ * early contributions there, and the process adds its own when it makes
+ * the call. For each RED_DATA of that reduction to a prepared slot, XDP
+ * ingress (aggbox_xdp_red_data) claims the sender's bit, copies the payload
+ * into a per-CPU scratch buffer and tail-calls the fold stage. Each run of
+ * aggbox_xdp_red_fold combines AGGBOX_RED_SEG lanes into the slot (atomic
+ * adds, or compare-and-swap loops for MIN/MAX) and tail-calls itself for
+ * the next segment; the last one counts the contribution.
+ *
+ * Results. For an allreduce (`fanout`), the contribution that completes a
+ * chunk becomes its result: XDP writes the slot's lanes into it and passes
+ * it up as a FANOUT RED_RESULT, and TC ingress (aggbox_result.h) sends a
+ * copy to every other member. At each member XDP places the result in the
+ * result window (aggbox_xdp_red_result). Both count in `landed`; the one
+ * that reaches the target (and one per `notify` on the way) goes up as a
+ * RED_LANDED notice: the process's one wake-up, after which it reads
+ * sums and results from the mapped slots. A repeat of a contribution to a
+ * completed chunk (its sender lost the result) is answered by XDP_TX with
+ * the result. For the other collectives the completing contribution
+ * becomes a header-only RED_SUM notice, and the owner's process sends the
+ * results. Every other contribution is dropped: none reaches the socket.
  */
 #ifndef AGGBOX_REDUCE_H
 #define AGGBOX_REDUCE_H
@@ -33,13 +42,17 @@
 /* The chunk part of the tag of a slot armed ahead: the first contribution
  * names its chunk (no real chunk has this index). */
 #define AGGBOX_RED_AHEAD 0xffffffffu
-/* Lanes one run of the fold stage adds (one tail call per segment). */
+/* Lanes one run of the fold stage combines (one tail call per segment). */
 #ifndef AGGBOX_RED_SEG
 #define AGGBOX_RED_SEG 128
 #endif
 /* Tail-call targets in ab_redprogs. */
 #define AGGBOX_REDPROG_FOLD 0
 #define AGGBOX_REDPROG_MAX 1
+/* Compare-and-swap attempts per lane of a MIN/MAX fold before the
+ * contribution is left to the process (each failure is another CPU's
+ * successful write to that lane). */
+#define AGGBOX_RED_TRIES 4
 
 /* One owned chunk being summed. */
 struct aggbox_redslot {
@@ -59,22 +72,16 @@ struct aggbox_red_scratch {
 	__u32 slot; /* index into ab_redwin */
 	__u32 ctl;
 	__u32 phase; /* of the reduction: ctl->red[phase] */
+	__u32 seq; /* of the reduction */
+	__u32 fold; /* AGGBOX_FOLD_* */
+	__u32 sender; /* the contributor */
+	__u32 contended; /* a MIN/MAX lane lost AGGBOX_RED_TRIES races */
 	__u32 reserved;
 	__u32 lanes; /* lanes in this payload */
 	__u32 next; /* first lane not added yet */
 	__u32 lane; /* bytes of a lane: 4 or 8 */
 	__u32 len; /* payload bytes */
 	__u64 data[AGGBOX_CHUNK_MAX / 8];
-};
-
-/* Reduction counters of the host: ab_rstats[stat], per CPU. */
-enum aggbox_rstat {
-	AGGBOX_RSTAT_FOLDED = 0, /* contributions added into a slot by XDP */
-	AGGBOX_RSTAT_SUMS = 1, /* RED_SUM notices passed up: chunks XDP completed */
-	AGGBOX_RSTAT_DUPLICATES = 2, /* repeats of a contribution already added */
-	AGGBOX_RSTAT_TO_USER = 3, /* RED_DATA left to user space (unarmed, unprepared, odd) */
-	AGGBOX_RSTAT_ERRORS = 4, /* a tail call that did not happen (must stay 0) */
-	AGGBOX_RSTAT_MAX = 5,
 };
 
 struct {
@@ -101,21 +108,50 @@ struct {
 	__uint(pinning, LIBBPF_PIN_BY_NAME);
 } ab_redprogs SEC(".maps");
 
-struct {
-	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
-	__uint(max_entries, AGGBOX_RSTAT_MAX);
-	__type(key, __u32);
-	__type(value, __u64);
-	__uint(pinning, LIBBPF_PIN_BY_NAME);
-} ab_rstats SEC(".maps");
-
-static __always_inline void aggbox_rcount(enum aggbox_rstat stat)
+/* The AggBox header of the frame in ctx, re-derived after a helper changed
+ * the packet (and its UDP header in *udp), or NULL. */
+static __always_inline struct aggbox_hdr *aggbox_xdp_hdr(struct xdp_md *ctx, struct udphdr **udp)
 {
-	__u32 idx = stat;
-	__u64 *value = bpf_map_lookup_elem(&ab_rstats, &idx);
+	void *data = (void *)(long)ctx->data;
+	void *data_end = (void *)(long)ctx->data_end;
+	struct aggbox_hdr *hdr = data + AGGBOX_OFF_UDP + sizeof(struct udphdr);
 
-	if (value)
-		*value += 1;
+	*udp = data + AGGBOX_OFF_UDP;
+	return (void *)(hdr + 1) > data_end ? NULL : hdr;
+}
+
+/* Writes the `len` result bytes of `slot` over this datagram's payload (the
+ * same length: a contribution to the slot's chunk) and makes it a RED_RESULT
+ * with `flags` and sender `rank`, its UDP checksum 0 (none). Returns 0, or -1
+ * when it could not (the datagram is then unchanged or to be dropped). */
+static __always_inline int aggbox_xdp_make_result(struct xdp_md *ctx, struct aggbox_redslot *slot, __u32 len,
+						   __u32 rank, __u16 flags)
+{
+	struct aggbox_hdr *hdr;
+	struct udphdr *udp;
+
+	barrier_var(len);
+	if (len == 0 || len > AGGBOX_CHUNK_MAX || bpf_xdp_store_bytes(ctx, AGGBOX_OFF_PAYLOAD, slot->acc, len))
+		return -1;
+	hdr = aggbox_xdp_hdr(ctx, &udp);
+	if (!hdr)
+		return -1;
+	hdr->kind = AGGBOX_KIND_RED_RESULT;
+	hdr->flags = flags;
+	hdr->sender = rank;
+	udp->check = 0;
+	return 0;
+}
+
+/* Counts one chunk landed in reduction `red` (an owned sum XDP completed or a
+ * result it placed); returns whether the process must be told now: at its
+ * target (once), and every `notify` chunks on the way. */
+static __always_inline int aggbox_red_landed(struct aggbox_redctl *red)
+{
+	__u32 landed = __sync_fetch_and_add(&red->landed, 1) + 1;
+
+	return (landed >= red->target && __sync_val_compare_and_swap(&red->notified, 0, 1) == 0) ||
+	       (red->notify && landed % red->notify == 0);
 }
 
 /*
@@ -141,7 +177,8 @@ static __always_inline int aggbox_xdp_red_data(struct xdp_md *ctx, struct aggbox
 	red = &ctl->red[phase];
 	if (red->seq == 0 || hdr->seq != red->seq || hdr->nchunks != red->nchunks || hdr->count != red->count ||
 	    hdr->dtype != red->dtype || hdr->op != red->op || chunk >= red->nchunks || chunk < red->base ||
-	    red->stride == 0 || (red->lane != 4 && red->lane != 8) || red->ranks == 0)
+	    red->stride == 0 || (red->lane != 4 && red->lane != 8) || red->ranks == 0 ||
+	    red->fold > AGGBOX_FOLD_MAX_U)
 		goto to_user;
 	if ((chunk - red->base) % red->stride)
 		goto to_user; /* not this rank's chunk: user space says so */
@@ -156,8 +193,8 @@ static __always_inline int aggbox_xdp_red_data(struct xdp_md *ctx, struct aggbox
 		goto to_user;
 	tag = aggbox_tag(hdr->seq, chunk);
 	if (slot->tag != tag) {
-		/* Armed ahead (zeroed, before the owner's call): the first
-		 * contribution names the chunk. */
+		/* Armed ahead (the fold's identity, before the owner's call): the
+		 * first contribution names the chunk. */
 		if (owned < AGGBOX_RED_SLOTS)
 			__sync_val_compare_and_swap(&slot->tag, aggbox_tag(hdr->seq, AGGBOX_RED_AHEAD), tag);
 		if (slot->tag != tag)
@@ -178,8 +215,15 @@ static __always_inline int aggbox_xdp_red_data(struct xdp_md *ctx, struct aggbox
 		int verdict = slot->done ? XDP_PASS : XDP_DROP;
 
 		aggbox_rcount(AGGBOX_RSTAT_DUPLICATES);
+		/* Complete: the sender lost its result. Answer it from the slot
+		 * (held by inflight meanwhile), or let the process. */
+		if (slot->done && red->fanout &&
+		    aggbox_xdp_make_result(ctx, slot, len, red->rank, AGGBOX_FLAG_RETRANSMIT) == 0) {
+			__sync_fetch_and_sub(&slot->inflight, 1);
+			aggbox_rcount(AGGBOX_RSTAT_ANSWERED);
+			return aggbox_xdp_bounce(ctx);
+		}
 		__sync_fetch_and_sub(&slot->inflight, 1);
-		/* Complete: the sender lost its answer, which the process sends. */
 		return verdict;
 	}
 	s = bpf_map_lookup_elem(&ab_redscratch, &zero);
@@ -194,6 +238,10 @@ static __always_inline int aggbox_xdp_red_data(struct xdp_md *ctx, struct aggbox
 	s->slot = slot_idx;
 	s->ctl = ctl_idx;
 	s->phase = phase;
+	s->seq = hdr->seq;
+	s->fold = red->fold;
+	s->sender = sender;
+	s->contended = 0;
 	s->lane = red->lane;
 	s->lanes = len / red->lane;
 	s->len = len;
@@ -210,18 +258,92 @@ to_user:
 	return XDP_PASS;
 }
 
+/* Whether lane value v beats old under fold (MIN/MAX, signed or not). */
+static __always_inline int aggbox_wins64(__u32 fold, __u64 v, __u64 old)
+{
+	switch (fold) {
+	case AGGBOX_FOLD_MIN_S: return (__s64)v < (__s64)old;
+	case AGGBOX_FOLD_MIN_U: return v < old;
+	case AGGBOX_FOLD_MAX_S: return (__s64)v > (__s64)old;
+	default: return v > old;
+	}
+}
+
+static __always_inline int aggbox_wins32(__u32 fold, __u32 v, __u32 old)
+{
+	switch (fold) {
+	case AGGBOX_FOLD_MIN_S: return (__s32)v < (__s32)old;
+	case AGGBOX_FOLD_MIN_U: return v < old;
+	case AGGBOX_FOLD_MAX_S: return (__s32)v > (__s32)old;
+	default: return v > old;
+	}
+}
+
+/* One segment of lanes of 8 bytes: [next, next + SEG). */
+static __always_inline void aggbox_fold_seg64(struct aggbox_red_scratch *s, struct aggbox_redslot *slot)
+{
+	__u32 i, k, t;
+	__u64 v, old;
+
+	for (k = 0; k < AGGBOX_RED_SEG; k++) {
+		i = s->next + k;
+		if (i >= s->lanes || i >= AGGBOX_CHUNK_MAX / 8)
+			break;
+		v = s->data[i];
+		if (s->fold == AGGBOX_FOLD_ADD) {
+			__sync_fetch_and_add(&slot->acc[i], v);
+			continue;
+		}
+		for (t = 0; t < AGGBOX_RED_TRIES; t++) {
+			old = slot->acc[i];
+			if (!aggbox_wins64(s->fold, v, old) || __sync_val_compare_and_swap(&slot->acc[i], old, v) == old)
+				break;
+		}
+		if (t == AGGBOX_RED_TRIES)
+			s->contended = 1;
+	}
+}
+
+/* One segment of lanes of 4 bytes. */
+static __always_inline void aggbox_fold_seg32(struct aggbox_red_scratch *s, struct aggbox_redslot *slot)
+{
+	__u32 *acc = (__u32 *)slot->acc, *data = (__u32 *)s->data;
+	__u32 i, k, t, v, old;
+
+	for (k = 0; k < AGGBOX_RED_SEG; k++) {
+		i = s->next + k;
+		if (i >= s->lanes || i >= AGGBOX_CHUNK_MAX / 4)
+			break;
+		v = data[i];
+		if (s->fold == AGGBOX_FOLD_ADD) {
+			__sync_fetch_and_add(&acc[i], v);
+			continue;
+		}
+		for (t = 0; t < AGGBOX_RED_TRIES; t++) {
+			old = acc[i];
+			if (!aggbox_wins32(s->fold, v, old) || __sync_val_compare_and_swap(&acc[i], old, v) == old)
+				break;
+		}
+		if (t == AGGBOX_RED_TRIES)
+			s->contended = 1;
+	}
+}
+
 /*
- * The fold stage: adds lanes [next, next + SEG) of the scratch payload into
- * the slot, then tail-calls itself for the next segment; after the last,
- * counts the contribution.
+ * The fold stage: combines lanes [next, next + SEG) of the scratch payload
+ * into the slot, then tail-calls itself for the next segment; after the
+ * last, counts the contribution. The one that completes the chunk becomes
+ * its result (allreduce) or a RED_SUM notice.
  */
 static __always_inline int aggbox_xdp_red_fold_stage(struct xdp_md *ctx)
 {
 	struct aggbox_red_scratch *s;
 	struct aggbox_redslot *slot;
+	struct aggbox_redctl *red = NULL;
 	struct aggbox_ctl *ctl;
 	struct aggbox_hdr *hdr;
-	__u32 zero = 0, i, k, count, ranks;
+	__u32 zero = 0, count, ranks = 0, word;
+	__u16 flags;
 
 	s = bpf_map_lookup_elem(&ab_redscratch, &zero);
 	if (!s)
@@ -229,21 +351,10 @@ static __always_inline int aggbox_xdp_red_fold_stage(struct xdp_md *ctx)
 	slot = bpf_map_lookup_elem(&ab_redwin, &s->slot);
 	if (!slot)
 		return XDP_DROP;
-	if (s->lane == 8) {
-		for (k = 0; k < AGGBOX_RED_SEG; k++) {
-			i = s->next + k;
-			if (i >= s->lanes || i >= AGGBOX_CHUNK_MAX / 8)
-				break;
-			__sync_fetch_and_add(&slot->acc[i], s->data[i]);
-		}
-	} else {
-		for (k = 0; k < AGGBOX_RED_SEG; k++) {
-			i = s->next + k;
-			if (i >= s->lanes || i >= AGGBOX_CHUNK_MAX / 4)
-				break;
-			__sync_fetch_and_add(&((__u32 *)slot->acc)[i], ((__u32 *)s->data)[i]);
-		}
-	}
+	if (s->lane == 8)
+		aggbox_fold_seg64(s, slot);
+	else
+		aggbox_fold_seg32(s, slot);
 	s->next += AGGBOX_RED_SEG;
 	if (s->next < s->lanes) {
 		bpf_tail_call(ctx, &ab_redprogs, AGGBOX_REDPROG_FOLD);
@@ -251,13 +362,41 @@ static __always_inline int aggbox_xdp_red_fold_stage(struct xdp_md *ctx)
 		__sync_fetch_and_sub(&slot->inflight, 1);
 		return XDP_DROP;
 	}
+	if (s->contended) {
+		/* MIN/MAX are idempotent: the process folds it all again. */
+		word = (s->sender / 64) & (AGGBOX_RANK_WORDS - 1);
+		__sync_fetch_and_and(&slot->bits[word], ~(1ULL << (s->sender % 64)));
+		__sync_fetch_and_sub(&slot->inflight, 1);
+		aggbox_rcount(AGGBOX_RSTAT_CONTENDED);
+		return XDP_PASS;
+	}
 	aggbox_rcount(AGGBOX_RSTAT_FOLDED);
 	ctl = bpf_map_lookup_elem(&ab_ctl, &s->ctl);
-	ranks = ctl ? ctl->red[s->phase & (AGGBOX_RED_PHASES - 1)].ranks : 0;
+	if (ctl) {
+		red = &ctl->red[s->phase & (AGGBOX_RED_PHASES - 1)];
+		ranks = red->ranks;
+	}
 	count = __sync_fetch_and_add(&slot->count, 1) + 1;
-	__sync_fetch_and_sub(&slot->inflight, 1);
-	if (!ctl || count < ranks || __sync_val_compare_and_swap(&slot->done, 0, 1) != 0)
+	if (!red || count < ranks || __sync_val_compare_and_swap(&slot->done, 0, 1) != 0) {
+		__sync_fetch_and_sub(&slot->inflight, 1);
 		return XDP_DROP;
+	}
+	if (red->fanout && red->seq == s->seq) {
+		/* The result, fanned out by TC ingress; the slot stays held
+		 * (inflight) until its lanes are copied. */
+		flags = AGGBOX_FLAG_FANOUT;
+		if (aggbox_red_landed(red))
+			flags |= AGGBOX_FLAG_NOTIFY;
+		/* Still from the contributor (TC checks the sender against the
+		 * source address); TC makes the copies this rank's. */
+		if (aggbox_xdp_make_result(ctx, slot, s->len, s->sender, flags) == 0) {
+			__sync_fetch_and_sub(&slot->inflight, 1);
+			return XDP_PASS;
+		}
+		/* Not made: the process sends it (the sum notice tells it). */
+		__sync_fetch_and_sub(&red->landed, 1);
+	}
+	__sync_fetch_and_sub(&slot->inflight, 1);
 	/* Complete: the process's one wake-up for this chunk. */
 	hdr = aggbox_xdp_strip(ctx, s->len);
 	if (!hdr)
@@ -265,6 +404,81 @@ static __always_inline int aggbox_xdp_red_fold_stage(struct xdp_md *ctx)
 	hdr->kind = AGGBOX_KIND_RED_SUM;
 	hdr->flags = 0;
 	aggbox_rcount(AGGBOX_RSTAT_SUMS);
+	return XDP_PASS;
+}
+
+/*
+ * XDP ingress, a RED_RESULT at a member: place it in the result window of
+ * the allreduce this communicator armed, and count it landed; otherwise
+ * (not armed, not in the window, odd) pass it up unchanged.
+ */
+static __always_inline int aggbox_xdp_red_result(struct xdp_md *ctx, struct aggbox_pkt *pkt)
+{
+	struct aggbox_hdr *hdr = pkt->hdr;
+	struct aggbox_rxslot *slot;
+	struct aggbox_redctl *red;
+	struct aggbox_ctl *ctl;
+	__u32 ctl_idx = pkt->ctl, seq = hdr->seq, chunk = hdr->chunk, phase = seq & (AGGBOX_RED_PHASES - 1);
+	__u32 len, want, slot_idx;
+	__u64 tag, busy, cur;
+
+	ctl = bpf_map_lookup_elem(&ab_ctl, &ctl_idx);
+	if (!ctl || pkt->ip->ihl != 5)
+		goto to_user;
+	red = &ctl->red[phase];
+	if (!red->fanout || red->seq == 0 || seq != red->seq || hdr->nchunks != red->nchunks ||
+	    hdr->count != red->count || hdr->dtype != red->dtype || hdr->op != red->op || chunk >= red->nchunks ||
+	    red->ranks == 0 || (hdr->op >> 4) != AGGBOX_COLL_ALLREDUCE)
+		goto to_user;
+	/* From the chunk's owner (classify checked the sender's address), and
+	 * within the window the process gave. */
+	if (hdr->sender != chunk % red->ranks || hdr->sender == red->rank || chunk >= red->credit)
+		goto to_user;
+	if (chunk + AGGBOX_RES_SLOTS < red->credit) {
+		aggbox_rcount(AGGBOX_RSTAT_DUPLICATES); /* copied out long ago */
+		return XDP_DROP;
+	}
+	len = bpf_ntohs(pkt->udp->len) - sizeof(struct udphdr) - sizeof(*hdr);
+	want = chunk + 1 == red->nchunks ? red->result_last : red->chunk_bytes;
+	if (len != want || len == 0 || len > AGGBOX_CHUNK_MAX)
+		goto to_user;
+	slot_idx = (ctl_idx * AGGBOX_RED_PHASES + phase) * AGGBOX_RES_SLOTS + (chunk & (AGGBOX_RES_SLOTS - 1));
+	slot = bpf_map_lookup_elem(&ab_redres, &slot_idx);
+	if (!slot)
+		goto to_user;
+	tag = aggbox_tag(seq, chunk);
+	busy = tag | ((__u64)AGGBOX_TAG_BUSY);
+	cur = slot->tag;
+	if (cur == tag) {
+		aggbox_rcount(AGGBOX_RSTAT_DUPLICATES);
+		return XDP_DROP;
+	}
+	/* As a broadcast chunk: only from an older result nobody is copying. */
+	if ((cur & AGGBOX_TAG_BUSY) || !aggbox_tag_older(cur, tag))
+		goto to_user;
+	if (__sync_val_compare_and_swap(&slot->tag, cur, busy) != cur)
+		goto to_user;
+	barrier_var(len);
+	if (len == 0 || len > AGGBOX_CHUNK_MAX || bpf_xdp_load_bytes(ctx, AGGBOX_OFF_PAYLOAD, slot->data, len)) {
+		__sync_val_compare_and_swap(&slot->tag, busy, cur);
+		goto to_user;
+	}
+	if (__sync_val_compare_and_swap(&slot->tag, busy, tag) != busy || red->seq != seq)
+		goto to_user;
+	aggbox_rcount(AGGBOX_RSTAT_PLACED);
+	if (!aggbox_red_landed(red))
+		return XDP_DROP;
+	hdr = aggbox_xdp_strip(ctx, len);
+	if (!hdr)
+		return XDP_DROP;
+	hdr->kind = AGGBOX_KIND_RED_LANDED;
+	hdr->flags = 0;
+	hdr->count = red->landed;
+	aggbox_rcount(AGGBOX_RSTAT_LANDED);
+	return XDP_PASS;
+
+to_user:
+	aggbox_rcount(AGGBOX_RSTAT_RES_TO_USER);
 	return XDP_PASS;
 }
 

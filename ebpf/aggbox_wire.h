@@ -39,15 +39,18 @@ enum aggbox_kind {
 	AGGBOX_KIND_RED_DONE = 12, /* owner -> contributor: "chunk `chunk` of `seq` is complete" */
 	AGGBOX_KIND_RED_ABORT = 13, /* any -> any: "reduction `seq` failed: rank `count`" */
 	AGGBOX_KIND_RED_SUM = 14, /* XDP -> its own host's socket: "owned chunk `chunk` of `seq` is summed" */
-	AGGBOX_KIND_MAX = 15, /* first unused value */
+	AGGBOX_KIND_RED_LANDED = 15, /* XDP/TC -> its own host's socket: "`count` chunks of `seq` landed" */
+	AGGBOX_KIND_MAX = 16, /* first unused value */
 };
 
 /* Header flags. */
 #define AGGBOX_FLAG_RETRANSMIT 0x0001 /* this datagram repeats an earlier one */
-#define AGGBOX_FLAG_FANOUT 0x0002 /* BCAST_DATA: TC egress clones it to every member */
+#define AGGBOX_FLAG_FANOUT 0x0002 /* BCAST_DATA: TC egress clones it to every member;
+				     * RED_RESULT: XDP made it, TC ingress sends it to every member */
 #define AGGBOX_FLAG_GROUP 0x0004 /* BCAST_ACK: every receiver holds chunks [0, chunk) */
 #define AGGBOX_FLAG_MISMATCH 0x0008 /* BCAST_ABORT: the ranks' calls disagree */
 #define AGGBOX_FLAG_ANSWERED 0x0010 /* BCAST_LANDED: the kernel sent this chunk's ACK already */
+#define AGGBOX_FLAG_NOTIFY 0x0020 /* RED_RESULT from XDP: after the fan-out, it goes up as RED_LANDED */
 
 /* The fixed header at the start of every AggBox UDP payload (40 bytes). */
 struct aggbox_hdr {

@@ -3,9 +3,10 @@
  * TC ingress: checks what XDP passed up (invalid AggBox datagrams are
  * dropped) and, since skbs can be copied here and XDP frames cannot, sends
  * the ACK of the chunk whose landed notice XDP passed up to the process
- * (aggbox_tc_answer_landed). Later: fan-out of results XDP completed.
+ * (aggbox_tc_answer_landed), and sends the reduction results XDP completed to
+ * every member (aggbox_tc_red_fanout).
  */
-#include "aggbox_bcast.h"
+#include "aggbox_result.h"
 
 SEC("classifier")
 int aggbox_tc_ingress(struct __sk_buff *skb)
@@ -24,6 +25,9 @@ int aggbox_tc_ingress(struct __sk_buff *skb)
 	case AGGBOX_VALID:
 		if (pkt.hdr->kind == AGGBOX_KIND_BCAST_LANDED && pkt.ctl < AGGBOX_CTL_SLOTS)
 			return aggbox_tc_answer_landed(skb, &pkt);
+		if (pkt.hdr->kind == AGGBOX_KIND_RED_RESULT && (pkt.hdr->flags & AGGBOX_FLAG_FANOUT) &&
+		    pkt.ctl < AGGBOX_CTL_SLOTS)
+			return aggbox_tc_red_fanout(skb, &pkt);
 		return TC_ACT_OK;
 	default:
 		return TC_ACT_OK;

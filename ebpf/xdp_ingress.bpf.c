@@ -4,8 +4,8 @@
  * drops (and counts) malformed datagrams and ones from non-members, places
  * broadcast chunks in receive windows and answers them, folds broadcast ACKs
  * at the root (aggbox_bcast.h), folds reduction contributions at a chunk's
- * owner (aggbox_reduce.h, with its tail-called fold stage below), and passes
- * everything else up.
+ * owner and places results at the members (aggbox_reduce.h, with its
+ * tail-called fold stage below), and passes everything else up.
  */
 /* Folding ACKs needs atomic fetch-and-or: build.rs compiles this for BPF v3. */
 #define AGGBOX_NEEDS_ATOMICS 1
@@ -30,8 +30,14 @@ int aggbox_xdp_ingress(struct xdp_md *ctx)
 			return aggbox_xdp_bcast_ack(ctx, &pkt, pkt.ctl);
 		if (pkt.hdr->kind == AGGBOX_KIND_RED_DATA)
 			return aggbox_xdp_red_data(ctx, &pkt);
-		if (pkt.hdr->kind == AGGBOX_KIND_RED_SUM)
-			return XDP_DROP; /* only this program makes them */
+		if (pkt.hdr->kind == AGGBOX_KIND_RED_RESULT &&
+		    !(pkt.hdr->flags & (AGGBOX_FLAG_FANOUT | AGGBOX_FLAG_NOTIFY)))
+			return aggbox_xdp_red_result(ctx, &pkt);
+		if (pkt.hdr->kind == AGGBOX_KIND_RED_RESULT || pkt.hdr->kind == AGGBOX_KIND_RED_SUM ||
+		    pkt.hdr->kind == AGGBOX_KIND_RED_LANDED) {
+			aggbox_rcount(AGGBOX_RSTAT_FORGED); /* only these programs make them */
+			return XDP_DROP;
+		}
 		return XDP_PASS;
 	case AGGBOX_OTHER:
 	default:

@@ -471,6 +471,16 @@ typedef struct aggbox_stats {
    * had NaN, infinite or all-zero inputs and were summed as floats).
    */
   uint64_t reduce_quantized;
+  /**
+   * Results of others' chunks this rank took from its socket (first
+   * copies only); on the kernel datapath's allreduce XDP places them in
+   * the mapped result window instead.
+   */
+  uint64_t reduce_results_received;
+  /**
+   * Results this rank copied out of its kernel result window.
+   */
+  uint64_t reduce_results_from_kernel;
 } aggbox_stats;
 
 #ifdef __cplusplus

@@ -256,6 +256,7 @@ pub(crate) struct SharedMaps {
     rxwin: MapData,
     txwin: MapData,
     redwin: MapData,
+    redres: MapData,
 }
 
 fn open_pinned_data(dir: &Path, name: &str) -> Result<MapData> {
@@ -289,6 +290,7 @@ impl SharedMaps {
             rxwin: open_pinned_data(dir, names::RXWIN)?,
             txwin: open_pinned_data(dir, names::TXWIN)?,
             redwin: open_pinned_data(dir, names::REDWIN)?,
+            redres: open_pinned_data(dir, names::REDRES)?,
         })
     }
 
@@ -361,6 +363,7 @@ impl SharedMaps {
             self.rxwin.fd().as_fd(),
             self.txwin.fd().as_fd(),
             self.redwin.fd().as_fd(),
+            self.redres.fd().as_fd(),
         )
     }
 

@@ -27,9 +27,11 @@ pub mod names {
     pub const RSTATS: &str = "ab_rstats";
     /// The reduction fold stage, for tail calls.
     pub const REDPROGS: &str = "ab_redprogs";
+    /// Reduction result windows (mmapable).
+    pub const REDRES: &str = "ab_redres";
     /// Every pinned map.
-    pub const ALL: [&str; 12] =
-        [PORTS, GROUPS, MEMBERS, USERS, STATS, BSTATS, CTL, RXWIN, TXWIN, REDWIN, RSTATS, REDPROGS];
+    pub const ALL: [&str; 13] =
+        [PORTS, GROUPS, MEMBERS, USERS, STATS, BSTATS, CTL, RXWIN, TXWIN, REDWIN, RSTATS, REDPROGS, REDRES];
 }
 
 /// `struct aggbox_port_key`.
@@ -135,8 +137,8 @@ pub struct RedCtl {
     pub op: u8,
     /// Bytes of an integer lane: 4 or 8.
     pub lane: u8,
-    /// Zero.
-    pub reserved: u8,
+    /// How lanes combine: a `FOLD_*` value.
+    pub fold: u8,
     /// Contributions a chunk needs, the owner's own included.
     pub ranks: u32,
     /// This rank's first chunk.
@@ -149,7 +151,37 @@ pub struct RedCtl {
     pub last_bytes: u32,
     /// The owned index of the short chunk (`u32::MAX`: none of this rank's).
     pub owned_last: u32,
+    /// This communicator's rank: the sender of the results it fans out.
+    pub rank: u32,
+    /// 1: XDP fans completed chunks out and places others' results (allreduce).
+    pub fanout: u32,
+    /// Bytes of the vector's last chunk.
+    pub result_last: u32,
+    /// Results of chunks below this may be placed.
+    pub credit: u32,
+    /// Notify the process every this many chunks landed.
+    pub notify: u32,
+    /// Owned chunks XDP completed and results it placed (XDP adds).
+    pub landed: u32,
+    /// Chunks XDP must land: `nchunks` less those the process handled.
+    pub target: u32,
+    /// Set once the completion notice went up.
+    pub notified: u32,
 }
+
+/// `AGGBOX_FOLD_ADD`: lanes add, wrapping.
+pub const FOLD_ADD: u8 = 0;
+/// `AGGBOX_FOLD_MIN_S`: signed minimum.
+pub const FOLD_MIN_S: u8 = 1;
+/// `AGGBOX_FOLD_MIN_U`: unsigned minimum.
+pub const FOLD_MIN_U: u8 = 2;
+/// `AGGBOX_FOLD_MAX_S`: signed maximum.
+pub const FOLD_MAX_S: u8 = 3;
+/// `AGGBOX_FOLD_MAX_U`: unsigned maximum.
+pub const FOLD_MAX_U: u8 = 4;
+/// `AGGBOX_RES_SLOTS`: result slots of a communicator and phase, and the
+/// chunks a contributor keeps in flight on the kernel datapath.
+pub const RES_SLOTS: u32 = 128;
 
 /// `AGGBOX_RED_PHASES`: reductions in flight at an owner, `Ctl::red[seq % 2]`.
 pub const RED_PHASES: u32 = 2;
@@ -159,7 +191,7 @@ pub const RED_AHEAD: u32 = u32::MAX;
 /// Bytes the kernel windows of one host take (every mmapable map, sized
 /// at build time for [`CTL_SLOTS`] communicators): broadcast control
 /// blocks, receive and send windows, and reduction slots.
-pub fn window_memory() -> [(&'static str, usize); 4] {
+pub fn window_memory() -> [(&'static str, usize); 5] {
     let elem = |size: usize| size.div_ceil(8) * 8;
     let ctl = CTL_SLOTS as usize;
     [
@@ -167,11 +199,25 @@ pub fn window_memory() -> [(&'static str, usize); 4] {
         ("broadcast receive windows", ctl * RX_SLOTS as usize * elem(size_of::<RxSlot>())),
         ("broadcast send windows", ctl * TX_SLOTS as usize * elem(size_of::<TxSlot>())),
         ("reduction slots", ctl * (RED_PHASES * RED_SLOTS) as usize * elem(size_of::<RedSlot>())),
+        ("reduction result windows", ctl * (RED_PHASES * RES_SLOTS) as usize * elem(size_of::<RxSlot>())),
     ]
 }
 
 /// Names of the reduction counters (`enum aggbox_rstat`), in index order.
-pub const RSTAT_NAMES: [&str; 5] = ["folded", "sums", "duplicates", "to_user", "errors"];
+pub const RSTAT_NAMES: [&str; 12] = [
+    "folded",
+    "sums",
+    "duplicates",
+    "to_user",
+    "errors",
+    "fanned_out",
+    "placed",
+    "answered",
+    "landed",
+    "contended",
+    "results_to_user",
+    "forged",
+];
 
 /// `struct aggbox_rxctl`: the receive side of one broadcast.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -385,6 +431,13 @@ mod tests {
             "offsetof(struct aggbox_redctl, lane)",
             "offsetof(struct aggbox_redctl, ranks)",
             "offsetof(struct aggbox_redctl, last_bytes)",
+            "offsetof(struct aggbox_redctl, fold)",
+            "offsetof(struct aggbox_redctl, rank)",
+            "offsetof(struct aggbox_redctl, credit)",
+            "offsetof(struct aggbox_redctl, landed)",
+            "offsetof(struct aggbox_redctl, notified)",
+            "AGGBOX_FOLD_MAX_U",
+            "AGGBOX_RES_SLOTS",
             "AGGBOX_RED_PHASES",
             "AGGBOX_RX_PHASES",
             "AGGBOX_RX_WINDOW",
@@ -446,6 +499,13 @@ mod tests {
             offset_of!(RedCtl, lane),
             offset_of!(RedCtl, ranks),
             offset_of!(RedCtl, last_bytes),
+            offset_of!(RedCtl, fold),
+            offset_of!(RedCtl, rank),
+            offset_of!(RedCtl, credit),
+            offset_of!(RedCtl, landed),
+            offset_of!(RedCtl, notified),
+            FOLD_MAX_U as usize,
+            RES_SLOTS as usize,
             RED_PHASES as usize,
             RX_PHASES as usize,
             RX_WINDOW as usize,
@@ -501,6 +561,7 @@ mod tests {
             "offsetof(struct aggbox_redslot, acc)",
             "AGGBOX_RSTAT_MAX",
             "AGGBOX_RSTAT_TO_USER",
+            "AGGBOX_RSTAT_FORGED",
             "AGGBOX_RED_AHEAD",
         ]
         .map(String::from)
@@ -515,6 +576,7 @@ mod tests {
             offset_of!(RedSlot, acc) as u64,
             RSTAT_NAMES.len() as u64,
             RSTAT_NAMES.iter().position(|n| *n == "to_user").unwrap() as u64,
+            RSTAT_NAMES.iter().position(|n| *n == "forged").unwrap() as u64,
             RED_AHEAD as u64,
         ];
         assert_eq!(rust, c_values("aggbox_reduce.h", &exprs));

@@ -12,7 +12,16 @@
 //! to the float type; and the result does not depend on the order in which
 //! contributions arrive.
 
-use crate::dtype::Dtype;
+//!
+//! Float MIN and MAX travel as integers too, exactly: [`to_ordered`] maps
+//! each float to an unsigned integer key that orders as the floats do
+//! (negative floats have their bits inverted, the others their sign bit
+//! set), so the owners, and the kernel, take unsigned MIN/MAX of the keys,
+//! and [`from_ordered`] maps them back. NaN is made the extreme the op
+//! picks (the largest key for MAX, the smallest for MIN), so NaN wins, and
+//! −0 orders below +0.
+
+use crate::{dtype::Dtype, op::ReduceOp};
 
 /// Fractional bits of an f32 quantized to 32-bit lanes.
 pub const F32_BITS: i32 = 22;
@@ -130,6 +139,80 @@ pub fn dequantize(dtype: Dtype, src: &[u8], dst: &mut [u8], e: i32, divisor: usi
     }
 }
 
+/// The unsigned lanes ordered keys of `dtype` travel in (`None` for
+/// types that are not floats).
+pub fn ordered_lanes(dtype: Dtype) -> Option<Dtype> {
+    match dtype {
+        Dtype::F32 => Some(Dtype::U32),
+        Dtype::F64 => Some(Dtype::U64),
+        _ => None,
+    }
+}
+
+/// The key of the float with bits `bits` (`width` bits wide) for `op`.
+fn key(bits: u64, width: u32, nan: bool, op: ReduceOp) -> u64 {
+    let sign = 1u64 << (width - 1);
+    let ones = if width == 64 { u64::MAX } else { (1u64 << width) - 1 };
+    if nan {
+        return if op == ReduceOp::Min { 0 } else { ones };
+    }
+    if bits & sign != 0 {
+        !bits & ones
+    } else {
+        bits | sign
+    }
+}
+
+/// The float bits of key `k` (`width` bits wide).
+fn unkey(k: u64, width: u32) -> u64 {
+    let sign = 1u64 << (width - 1);
+    let ones = if width == 64 { u64::MAX } else { (1u64 << width) - 1 };
+    if k & sign != 0 {
+        k & !sign
+    } else {
+        !k & ones
+    }
+}
+
+/// The ordered keys, for MIN or MAX `op`, of the floats of `dtype` in
+/// `src`, into `dst` (the same length).
+pub fn to_ordered(dtype: Dtype, op: ReduceOp, src: &[u8], dst: &mut [u8]) {
+    match dtype {
+        Dtype::F32 => {
+            for (s, d) in src.chunks_exact(4).zip(dst.chunks_exact_mut(4)) {
+                let x = f32::from_le_bytes(s.try_into().unwrap());
+                d.copy_from_slice(&(key(u64::from(x.to_bits()), 32, x.is_nan(), op) as u32).to_le_bytes());
+            }
+        }
+        Dtype::F64 => {
+            for (s, d) in src.chunks_exact(8).zip(dst.chunks_exact_mut(8)) {
+                let x = f64::from_le_bytes(s.try_into().unwrap());
+                d.copy_from_slice(&key(x.to_bits(), 64, x.is_nan(), op).to_le_bytes());
+            }
+        }
+        _ => unreachable!("only floats have ordered keys"),
+    }
+}
+
+/// The floats of `dtype` whose ordered keys are in `src`, into `dst`.
+pub fn from_ordered(dtype: Dtype, src: &[u8], dst: &mut [u8]) {
+    match dtype {
+        Dtype::F32 => {
+            for (s, d) in src.chunks_exact(4).zip(dst.chunks_exact_mut(4)) {
+                let k = u32::from_le_bytes(s.try_into().unwrap());
+                d.copy_from_slice(&(unkey(u64::from(k), 32) as u32).to_le_bytes());
+            }
+        }
+        Dtype::F64 => {
+            for (s, d) in src.chunks_exact(8).zip(dst.chunks_exact_mut(8)) {
+                let k = u64::from_le_bytes(s.try_into().unwrap());
+                d.copy_from_slice(&unkey(k, 64).to_le_bytes());
+            }
+        }
+        _ => unreachable!("only floats have ordered keys"),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -177,5 +260,29 @@ mod tests {
         }
         assert!(max_abs(Dtype::F64, &f64::NAN.to_le_bytes()).is_nan());
         assert_eq!(max_abs(Dtype::F64, &f64::NEG_INFINITY.to_le_bytes()), f64::INFINITY);
+    }
+
+    #[test]
+    fn ordered_keys_order_as_the_floats_and_come_back() {
+        let xs = [f32::NEG_INFINITY, -3.5, -1e-30, -0.0, 0.0, 1e-40, 2.0, 7.25e20, f32::INFINITY];
+        let bytes: Vec<u8> = xs.iter().flat_map(|x| x.to_le_bytes()).collect();
+        let mut keys = vec![0u8; bytes.len()];
+        to_ordered(Dtype::F32, ReduceOp::Max, &bytes, &mut keys);
+        let k: Vec<u32> = keys.chunks_exact(4).map(|b| u32::from_le_bytes(b.try_into().unwrap())).collect();
+        assert!(k.windows(2).all(|w| w[0] < w[1]), "{k:x?}");
+        let mut back = vec![0u8; bytes.len()];
+        from_ordered(Dtype::F32, &keys, &mut back);
+        assert_eq!(back, bytes, "bit for bit, signed zeros included");
+        // NaN is the largest key for MAX and the smallest for MIN.
+        let nan = f64::NAN.to_le_bytes();
+        let (mut max, mut min) = ([0u8; 8], [0u8; 8]);
+        to_ordered(Dtype::F64, ReduceOp::Max, &nan, &mut max);
+        to_ordered(Dtype::F64, ReduceOp::Min, &nan, &mut min);
+        assert_eq!((u64::from_le_bytes(max), u64::from_le_bytes(min)), (u64::MAX, 0));
+        let mut back = [0u8; 8];
+        from_ordered(Dtype::F64, &max, &mut back);
+        assert!(f64::from_le_bytes(back).is_nan());
+        from_ordered(Dtype::F64, &min, &mut back);
+        assert!(f64::from_le_bytes(back).is_nan());
     }
 }

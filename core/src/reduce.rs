@@ -22,17 +22,22 @@
 //! broadcast's windows, retransmissions and, on the kernel datapath, its
 //! fan-out and placement).
 //!
-//! On the kernel datapath the datagrams are the same; an owner's XDP adds
-//! the contributions of integer-lane sums into mapped slots and tells the
-//! process once per chunk (`ebpf/aggbox_reduce.h`); results are still sent
-//! and received in user space.
+//! On the kernel datapath the datagrams are the same; an owner's XDP folds
+//! the contributions of integer lanes (sums, MIN, MAX) into mapped slots
+//! (`ebpf/aggbox_reduce.h`). For an allreduce the contribution that
+//! completes a chunk becomes its result, which TC ingress sends to every
+//! member, and each member's XDP places the results in a mapped result
+//! window: the process is woken once per operation (and every
+//! `RES_SLOTS / 2` chunks of a long one) and reads sums and results from
+//! the maps. For the other collectives XDP tells the owner's process once
+//! per chunk, and it sends the results.
 
 use std::{ops::Range, time::Instant};
 
 use crate::{
     comm::{receiver_grace, Backoff, Comm, Received},
     loader::Attachment,
-    maps::{RedCtl, RED_SLOTS},
+    maps::{RedCtl, FOLD_ADD, FOLD_MAX_S, FOLD_MAX_U, FOLD_MIN_S, FOLD_MIN_U, RED_SLOTS, RES_SLOTS},
     window::Windows,
     Datapath,
     dtype::{as_bytes, as_bytes_mut, Dtype, Element},
@@ -206,13 +211,21 @@ impl Plan {
             dtype: self.dtype.code(),
             op: self.op_code(),
             lane: self.lanes.size() as u8,
-            reserved: 0,
+            fold: self.fold_code(),
             ranks: self.ranks as u32,
             base: base as u32,
             stride: stride as u32,
             chunk_bytes: (self.per_chunk * self.dtype.size()) as u32,
             last_bytes,
             owned_last,
+            rank: self.me as u32,
+            fanout: u32::from(self.coll == Collective::Allreduce),
+            result_last: self.bytes(self.nchunks.saturating_sub(1)).len() as u32,
+            credit: self.nchunks.min(RES_SLOTS as usize) as u32,
+            notify: RES_SLOTS / 2,
+            landed: 0,
+            target: self.nchunks as u32,
+            notified: 0,
         }
     }
 
@@ -230,6 +243,34 @@ impl Plan {
 
     fn name(&self) -> String {
         format!("{} #{}", self.coll.name(), self.seq)
+    }
+
+    /// The kernel completes this call's chunks as results: XDP folds it
+    /// and it is an allreduce (every rank gets every result).
+    fn fanout(&self) -> bool {
+        self.kernel && self.coll == Collective::Allreduce
+    }
+
+    /// Chunks past the first not done a contributor keeps in flight: on
+    /// the kernel fan-out path no more than the result window holds.
+    fn window(&self) -> usize {
+        if self.fanout() {
+            RES_SLOTS as usize
+        } else {
+            WINDOW
+        }
+    }
+
+    /// How XDP combines this call's lanes (`AGGBOX_FOLD_*`).
+    fn fold_code(&self) -> u8 {
+        let signed = matches!(self.lanes, Dtype::I32 | Dtype::I64);
+        match (self.fold_op, signed) {
+            (ReduceOp::Min, true) => FOLD_MIN_S,
+            (ReduceOp::Min, false) => FOLD_MIN_U,
+            (ReduceOp::Max, true) => FOLD_MAX_S,
+            (ReduceOp::Max, false) => FOLD_MAX_U,
+            _ => FOLD_ADD,
+        }
     }
 
     fn describe(&self) -> String {
@@ -278,6 +319,10 @@ pub(crate) struct ReduceState {
     ahead_mismatch: bool,
     /// Owned chunks completed whose results are not sent yet.
     answers: Vec<u32>,
+    /// Owned chunks this rank's own contribution completed as it joined
+    /// their slots armed ahead (XDP did not complete them: this process
+    /// sends their results).
+    joined: Vec<usize>,
 }
 
 impl ReduceState {
@@ -296,6 +341,7 @@ impl ReduceState {
             kernel_last: None,
             ahead_mismatch: false,
             answers: Vec::new(),
+            joined: Vec::new(),
         }
     }
 }
@@ -335,7 +381,7 @@ fn add_contribution(
         if !windows.red_holds(index as u32, plan.seq, chunk as u32) {
             return Added::Unprepared;
         }
-        return match windows.fold_red(plan.seq, index as u32, sender, payload, plan.lanes.size(), plan.ranks as u32) {
+        return match windows.fold_red(plan.seq, index as u32, sender, payload, &plan.red_ctl()) {
             // XDP completed the chunk, but its RED_SUM notice did not reach
             // the socket (a full receive buffer): complete it now.
             None if windows.red_is_done(plan.seq, index as u32) => Added::Completed { folded: false },
@@ -552,24 +598,30 @@ impl Comm {
     }
 
     /// Runs a checked call: a float SUM or AVG as a quantized integer sum
-    /// (after the scale is agreed), everything else as it is.
+    /// (after the scale is agreed), a float MIN or MAX on ordered integer
+    /// keys, everything else as it is.
     fn red_dispatch(&mut self, plan: Plan, bufs: Bufs<'_>) -> Result<()> {
-        let quantizable = matches!(plan.op, ReduceOp::Sum | ReduceOp::Avg) && quant::lanes(plan.dtype).is_some();
-        if !quantizable || plan.count == 0 || plan.ranks == 1 {
+        let float = quant::lanes(plan.dtype).is_some();
+        if !float || plan.count == 0 || plan.ranks == 1 {
             return self.red_run(plan, bufs);
         }
-        self.red_quantized(plan, bufs)
+        match plan.op {
+            ReduceOp::Sum | ReduceOp::Avg => self.red_quantized(plan, bufs),
+            ReduceOp::Min | ReduceOp::Max => self.red_ordered(plan, bufs),
+        }
     }
 
     /// A float SUM or AVG: agree on the scale (a MAX allreduce of each
     /// rank's largest |x|), quantize, sum the integers, and turn the sums
     /// back (docs/ALLREDUCE.md). When some input is NaN or infinite, or all
     /// are zero, the floats are summed as they are (IEEE results).
-    fn red_quantized(&mut self, plan: Plan, mut bufs: Bufs<'_>) -> Result<()> {
+    fn red_quantized(&mut self, plan: Plan, bufs: Bufs<'_>) -> Result<()> {
         let name = plan.coll.name();
-        let mut max = [quant::max_abs(plan.dtype, bufs.input())];
+        // A MAX of non-negative floats (NaN positive) is the MAX of their
+        // bit patterns as unsigned integers, which XDP folds.
+        let mut max = [quant::max_abs(plan.dtype, bufs.input()).to_bits()];
         self.allreduce_slice(&mut max, ReduceOp::Max).map_err(|e| e.context(&format!("{name}: agreeing on the scale")))?;
-        let max = max[0];
+        let max = f64::from_bits(max[0]);
         // The scale's reduction took a sequence number: plan anew.
         let again = |comm: &Comm, p: &Plan| {
             comm.red_plan(p.coll, p.count * p.dtype.size(), p.block * p.dtype.size(), p.dtype, p.op, p.root)
@@ -583,14 +635,48 @@ impl Comm {
         plan.lanes = lanes;
         plan.fold_op = ReduceOp::Sum;
         let divisor = if plan.op == ReduceOp::Avg { plan.ranks } else { 1 };
+        let dtype = plan.dtype;
+        let result = self.red_run_as_lanes(
+            plan,
+            bufs,
+            |src, dst| quant::quantize(dtype, src, dst, e),
+            |src, dst| quant::dequantize(dtype, src, dst, e, divisor),
+        );
+        if result.is_ok() {
+            self.user_stats.reduce_quantized += 1;
+        }
+        result
+    }
+
+    /// A float MIN or MAX, as the unsigned MIN or MAX of ordered integer
+    /// keys (exact; `quant::to_ordered`), which the owners' kernels fold.
+    fn red_ordered(&mut self, mut plan: Plan, bufs: Bufs<'_>) -> Result<()> {
+        let (dtype, op) = (plan.dtype, plan.op);
+        plan.lanes = quant::ordered_lanes(dtype).expect("a float");
+        self.red_run_as_lanes(
+            plan,
+            bufs,
+            |src, dst| quant::to_ordered(dtype, op, src, dst),
+            |src, dst| quant::from_ordered(dtype, src, dst),
+        )
+    }
+
+    /// Runs `plan` on the integer lanes `to` makes of the call's input, and
+    /// turns the lanes of the result back with `back` into the call's
+    /// output.
+    fn red_run_as_lanes(
+        &mut self,
+        plan: Plan,
+        mut bufs: Bufs<'_>,
+        to: impl Fn(&[u8], &mut [u8]),
+        back: impl Fn(&[u8], &mut [u8]),
+    ) -> Result<()> {
         let mut q = std::mem::take(&mut self.red.quantized);
         q.clear();
         q.resize(bufs.input().len(), 0);
-        quant::quantize(plan.dtype, bufs.input(), &mut q, e);
+        to(bufs.input(), &mut q);
         let result = match &mut bufs {
-            Bufs::InPlace(buf) => self.red_run(plan, Bufs::InPlace(&mut q)).map(|()| {
-                quant::dequantize(plan.dtype, &q, buf, e, divisor);
-            }),
+            Bufs::InPlace(buf) => self.red_run(plan, Bufs::InPlace(&mut q)).map(|()| back(&q, buf)),
             Bufs::Input(_) => self.red_run(plan, Bufs::Input(&q)),
             Bufs::Split(_, out) => {
                 let mut q_out = std::mem::take(&mut self.red.quantized_out);
@@ -598,16 +684,13 @@ impl Comm {
                 q_out.resize(out.len(), 0);
                 let result = self.red_run(plan, Bufs::Split(&q, &mut q_out));
                 if result.is_ok() {
-                    quant::dequantize(plan.dtype, &q_out, out, e, divisor);
+                    back(&q_out, out);
                 }
                 self.red.quantized_out = q_out;
                 result
             }
         };
         self.red.quantized = q;
-        if result.is_ok() {
-            self.user_stats.reduce_quantized += 1;
-        }
         result
     }
 
@@ -616,7 +699,7 @@ impl Comm {
         self.red.seq = plan.seq;
         plan.kernel = self.datapath() == Datapath::Kernel
             && plan.seq != 0
-            && plan.fold_op == ReduceOp::Sum
+            && matches!(plan.fold_op, ReduceOp::Sum | ReduceOp::Min | ReduceOp::Max)
             && matches!(plan.lanes, Dtype::I32 | Dtype::U32 | Dtype::I64 | Dtype::U64)
             && plan.count > 0
             && self.attachment.as_ref().is_some_and(|a| a.windows().is_some());
@@ -655,6 +738,7 @@ impl Comm {
     fn red_start(&mut self, plan: &Plan, bufs: &Bufs<'_>) {
         let state = &mut self.red;
         state.answers.clear();
+        state.joined.clear();
         state.done.clear();
         state.done.resize(plan.nchunks, false);
         let owned = plan.owned_chunks().count();
@@ -676,7 +760,9 @@ impl Comm {
                 // contributions already; this rank's own joins them.
                 for (owned, chunk) in first.enumerate() {
                     let own = &input[plan.bytes(chunk)];
-                    windows.join_red_ahead(plan.seq, owned as u32, chunk as u32, plan.me, own);
+                    if windows.join_red_ahead(plan.seq, owned as u32, chunk as u32, plan.me, own) {
+                        state.joined.push(chunk);
+                    }
                 }
             } else {
                 let owned = plan.owned_chunks().count().min(RED_SLOTS as usize) as u32;
@@ -741,13 +827,20 @@ impl Comm {
             )));
         }
         // Chunks the ranks ahead of this one completed as it joined them.
-        if plan.kernel {
+        if plan.fanout() {
+            for i in 0..self.red.joined.len() {
+                let chunk = self.red.joined[i];
+                if !self.red.done[chunk] {
+                    self.red_complete(plan, bufs, chunk, &mut remaining, true)?;
+                }
+            }
+        } else if plan.kernel {
             for (owned, chunk) in plan.owned_chunks().take(RED_SLOTS as usize).enumerate() {
                 let complete = red_windows(self.attachment.as_ref(), plan).is_some_and(|w| {
                     w.red_is_done(plan.seq, owned as u32) && w.red_holds(owned as u32, plan.seq, chunk as u32)
                 });
                 if complete && !self.red.done[chunk] {
-                    self.red_complete(plan, bufs, chunk, &mut remaining)?;
+                    self.red_complete(plan, bufs, chunk, &mut remaining, true)?;
                 }
             }
         }
@@ -755,7 +848,14 @@ impl Comm {
         let timeout = self.timeout();
         let silence = timeout + receiver_grace(timeout);
         let mut backoff = Backoff::starting(RED_RTO_INITIAL, RED_RTO_MAX);
+        // On the fan-out path, what XDP landed is read from the maps: at
+        // the start, on a RED_LANDED notice, and when the timer fires.
+        let mut scan = plan.fanout();
+        let mut landed_seen = 0;
         loop {
+            if std::mem::take(&mut scan) {
+                self.red_scan(plan, bufs, low, next, &mut remaining)?;
+            }
             while low < plan.nchunks && self.red.done[low] {
                 low += 1;
             }
@@ -766,21 +866,94 @@ impl Comm {
                 return self.red_send_answers(plan);
             }
             // Fresh contributions within the window.
-            let end = plan.nchunks.min(low + WINDOW);
+            let end = plan.nchunks.min(low + plan.window());
             if next < end {
+                if plan.fanout() {
+                    // Their results have room in the result window.
+                    if let Some(windows) = red_windows(self.attachment.as_ref(), plan) {
+                        windows.set_red_credit(plan.seq, end as u32);
+                    }
+                }
                 self.red_send_data(plan, bufs, next..end, false)?;
                 next = end;
             }
             if let Some(got) = self.recv_valid(backoff.due())? {
-                if self.red_on(plan, bufs, &got, &mut remaining)? {
+                if got.kind == Kind::RedLanded && got.header.seq == plan.seq {
+                    scan = plan.fanout();
+                    backoff = Backoff::starting(RED_RTO_INITIAL, RED_RTO_MAX);
+                } else if self.red_on(plan, bufs, &got, &mut remaining)? {
                     backoff = Backoff::starting(RED_RTO_INITIAL, RED_RTO_MAX);
                 }
             }
             if backoff.fire() {
+                if let Some(windows) = red_windows(self.attachment.as_ref(), plan).filter(|_| plan.fanout()) {
+                    // Chunks landing in the kernel are progress too (it
+                    // wakes this process only at the end): only a stall
+                    // means something was lost. And a notice may have been
+                    // lost (a full socket buffer).
+                    let landed = windows.red_landed(plan.seq);
+                    let before = remaining;
+                    self.red_scan(plan, bufs, low, next, &mut remaining)?;
+                    if remaining < before || landed != std::mem::replace(&mut landed_seen, landed) {
+                        backoff = Backoff::starting(RED_RTO_INITIAL, RED_RTO_MAX);
+                        continue;
+                    }
+                }
                 self.red_check_silent(plan, low, next, timeout, silence)?;
                 // Again what is not acknowledged yet, of what was sent.
                 self.red_send_data(plan, bufs, low..next, true)?;
             }
+        }
+    }
+
+    /// The fan-out path: takes what XDP landed since the last look, the
+    /// results it placed in the result window (chunks `low..next`, whose
+    /// contributions were sent) and the owned chunks it completed (whose
+    /// results it sent). When the completion notice went up with chunks
+    /// still missing (the process counted one of them as well), lets XDP
+    /// send it again, and looks once more.
+    fn red_scan(&mut self, plan: &Plan, bufs: &mut Bufs<'_>, low: usize, next: usize, remaining: &mut usize) -> Result<()> {
+        if red_windows(self.attachment.as_ref(), plan).is_none() {
+            return Ok(());
+        }
+        loop {
+            let now = Instant::now();
+            let windows = red_windows(self.attachment.as_ref(), plan).expect("checked above");
+            for chunk in low..next {
+                let owner = plan.owner(chunk);
+                if self.red.done[chunk] || owner == plan.me || !windows.res_holds(plan.seq, chunk as u32) {
+                    continue;
+                }
+                if let Bufs::InPlace(buf) = bufs {
+                    windows.copy_res(plan.seq, chunk as u32, &mut buf[plan.bytes(chunk)]);
+                }
+                self.red.done[chunk] = true;
+                self.red.heard[owner] = now;
+                self.user_stats.reduce_results_from_kernel += 1;
+                *remaining -= 1;
+            }
+            // Owned chunks from the first at or after `low`, while their
+            // slots are prepared.
+            let first = low.saturating_sub(plan.me).div_ceil(plan.ranks);
+            for owned in first..first + RED_SLOTS as usize {
+                let Some(chunk) = plan.owned_chunk(owned) else { break };
+                if self.red.done[chunk] {
+                    continue;
+                }
+                let windows = red_windows(self.attachment.as_ref(), plan).expect("checked above");
+                if !windows.red_holds(owned as u32, plan.seq, chunk as u32) {
+                    break;
+                }
+                if windows.red_is_done(plan.seq, owned as u32) {
+                    self.red_complete(plan, bufs, chunk, remaining, false)?;
+                    self.red.heard.iter_mut().for_each(|h| *h = now);
+                }
+            }
+            let windows = red_windows(self.attachment.as_ref(), plan).expect("checked above");
+            if *remaining == 0 || !windows.red_notified(plan.seq) {
+                return Ok(());
+            }
+            windows.rearm_red_notice(plan.seq);
         }
     }
 
@@ -844,7 +1017,7 @@ impl Comm {
                 if chunk >= plan.nchunks || plan.owner(chunk) != plan.me || self.red.done[chunk] {
                     return Ok(false);
                 }
-                self.red_complete(plan, bufs, chunk, remaining)?;
+                self.red_complete(plan, bufs, chunk, remaining, true)?;
                 Ok(true)
             }
             Kind::RedData | Kind::RedResult | Kind::RedDone if header.seq == plan.seq => {
@@ -864,7 +1037,14 @@ impl Comm {
                             buf[bytes].copy_from_slice(payload);
                         }
                         self.red.done[chunk] = true;
+                        self.user_stats.reduce_results_received += 1;
                         *remaining -= 1;
+                        if let Some(windows) = red_windows(self.attachment.as_ref(), plan).filter(|_| plan.fanout()) {
+                            // Not one XDP placed (and counted) as well.
+                            if !windows.res_holds(plan.seq, chunk as u32) {
+                                windows.red_handled(plan.seq);
+                            }
+                        }
                         Ok(true)
                     }
                     _ => {
@@ -990,7 +1170,7 @@ impl Comm {
             }
             Added::Completed { folded } => {
                 self.user_stats.reduce_folded += u64::from(folded);
-                self.red_complete(plan, bufs, chunk, remaining)?;
+                self.red_complete(plan, bufs, chunk, remaining, true)?;
                 Ok(true)
             }
         }
@@ -999,7 +1179,16 @@ impl Comm {
     /// Owned chunk `chunk` is complete (its sum in the accumulator, or in
     /// its kernel slot): the result goes to this rank's buffer and to
     /// whoever needs it, and its kernel slot to the owned chunk after it.
-    fn red_complete(&mut self, plan: &Plan, bufs: &mut Bufs<'_>, chunk: usize, remaining: &mut usize) -> Result<()> {
+    /// `send`: this process completed it, and sends its results (else XDP
+    /// completed it and they are on their way from the kernel).
+    fn red_complete(
+        &mut self,
+        plan: &Plan,
+        bufs: &mut Bufs<'_>,
+        chunk: usize,
+        remaining: &mut usize,
+        send: bool,
+    ) -> Result<()> {
         let len = plan.bytes(chunk).len();
         let at = plan.acc_offset(chunk);
         let parity = (plan.seq % 2) as usize;
@@ -1023,6 +1212,14 @@ impl Comm {
         }
         self.red.done[chunk] = true;
         *remaining -= 1;
+        if !send {
+            return Ok(());
+        }
+        if plan.fanout() {
+            if let Some(windows) = red_windows(self.attachment.as_ref(), plan) {
+                windows.red_handled(plan.seq);
+            }
+        }
         // Answered with the other chunks completed by this receive batch
         // (`red_send_answers`): one sendmmsg for many chunks' results.
         self.red.answers.push(chunk as u32);

@@ -61,6 +61,13 @@ pub struct UserStats {
     /// Float sums and averages done as quantized integer sums (the others
     /// had NaN, infinite or all-zero inputs and were summed as floats).
     pub reduce_quantized: u64,
+    /// Results of others' chunks this rank took from its socket (first
+    /// copies only). On the kernel fan-out path (allreduce) XDP places them
+    /// in the mapped result window instead: see `reduce_results_from_kernel`.
+    pub reduce_results_received: u64,
+    /// Results this rank copied out of its kernel result window, where XDP
+    /// placed them.
+    pub reduce_results_from_kernel: u64,
     /// System calls the communicator made on its socket (sends, receives,
     /// polls): divided by the operations, the benchmarks' syscalls per
     /// operation.

@@ -1,6 +1,7 @@
-//! The kernel broadcast windows, mapped into the process: the control block
-//! of a communicator (`ab_ctl`), its receive window (`ab_rxwin`) and its send
-//! window (`ab_txwin`). The XDP program writes chunks and counts into them,
+//! The kernel windows, mapped into the process: the control block of a
+//! communicator (`ab_ctl`), its broadcast receive window (`ab_rxwin`) and
+//! send window (`ab_txwin`), its reduction slots (`ab_redwin`) and its
+//! reduction result window (`ab_redres`). The XDP program writes chunks and counts into them,
 //! the process reads them (and arms operations) with plain memory accesses:
 //! no system call per operation or per chunk. Fields both sides write are
 //! accessed atomically.
@@ -13,8 +14,8 @@ use std::{
 
 use crate::{
     maps::{
-        Ctl, RedCtl, RedSlot, RxCtl, RxSlot, TxSlot, CLAIM_BUSY, CLAIM_OPEN, CLAIM_SET, CTL_SLOTS, RED_AHEAD, RED_PHASES,
-        RED_SLOTS, RX_PHASES, RX_SLOTS, RX_WINDOW, TX_SLOTS,
+        Ctl, RedCtl, RedSlot, RxCtl, RxSlot, TxSlot, CLAIM_BUSY, CLAIM_OPEN, CLAIM_SET, CTL_SLOTS, FOLD_MAX_S, FOLD_MAX_U, FOLD_MIN_S,
+        FOLD_MIN_U, RED_AHEAD, RED_PHASES, RED_SLOTS, RES_SLOTS, RX_PHASES, RX_SLOTS, RX_WINDOW, TX_SLOTS,
     },
     Error, Result,
 };
@@ -87,6 +88,28 @@ pub struct RxArm {
     pub last_bytes: u32,
 }
 
+/// What a reduction slot starts from.
+enum Start<'a> {
+    /// This rank's contribution: (its rank, its lanes).
+    Own(usize, &'a [u8]),
+    /// Nobody's yet: the identity of (fold, lane bytes).
+    Identity(u8, u8),
+}
+
+/// The lane value (its low `lane` bytes) that a fold leaves unchanged: 0
+/// for sums, the largest value for MIN, the smallest for MAX.
+fn identity(fold: u8, lane: u8) -> u64 {
+    let bits = u32::from(lane.clamp(1, 8)) * 8;
+    let ones = if bits == 64 { u64::MAX } else { (1u64 << bits) - 1 };
+    let sign = 1u64 << (bits - 1);
+    match fold {
+        FOLD_MIN_S => ones >> 1,
+        FOLD_MIN_U => ones,
+        FOLD_MAX_S => sign,
+        _ => 0,
+    }
+}
+
 /// One communicator's windows.
 pub struct Windows {
     index: u32,
@@ -94,6 +117,7 @@ pub struct Windows {
     rx: Mapping,
     tx: Mapping,
     red: Mapping,
+    res: Mapping,
 }
 
 impl Windows {
@@ -104,6 +128,7 @@ impl Windows {
         rx: BorrowedFd<'_>,
         tx: BorrowedFd<'_>,
         red: BorrowedFd<'_>,
+        res: BorrowedFd<'_>,
     ) -> Result<Windows> {
         if index >= CTL_SLOTS {
             return Err(Error::Internal(format!("control block {index} out of range")));
@@ -118,6 +143,7 @@ impl Windows {
                 (CTL_SLOTS * RED_PHASES * RED_SLOTS) as usize * elem(size_of::<RedSlot>()),
                 "ab_redwin",
             )?,
+            res: Mapping::new(res, (CTL_SLOTS * RED_PHASES * RES_SLOTS) as usize * elem(size_of::<RxSlot>()), "ab_redres")?,
         };
         Ok(windows)
     }
@@ -484,15 +510,14 @@ impl Windows {
         self.red_seq(red.seq).store(0, Release);
         std::sync::atomic::fence(std::sync::atomic::Ordering::SeqCst);
         for i in 0..owned.min(RED_SLOTS) {
-            self.reset_red(red.seq, i, None, tag(red.seq, RED_AHEAD));
+            self.reset_red(red.seq, i, Start::Identity(red.fold, red.lane), tag(red.seq, RED_AHEAD));
         }
         self.arm_red(red);
     }
 
-    /// Resets slot `owned` of `seq`'s phase once no CPU folds into it: no
-    /// contributor, or `own` = (this rank, its contribution) as the
-    /// starting sum; then tags it `new_tag`.
-    fn reset_red(&self, seq: u32, owned: u32, own: Option<(usize, &[u8])>, new_tag: u64) {
+    /// Resets slot `owned` of `seq`'s phase once no CPU folds into it, to
+    /// `start`; then tags it `new_tag`.
+    fn reset_red(&self, seq: u32, owned: u32, start: Start<'_>, new_tag: u64) {
         use std::sync::atomic::Ordering::{Relaxed, Release};
         self.quiesce_red(seq, owned);
         for word in 0..crate::wire::MAX_RANKS / 64 {
@@ -501,18 +526,25 @@ impl Windows {
         self.red_done(seq, owned).store(0, Relaxed);
         // SAFETY: a slot inside the mapping, untagged: XDP leaves it alone.
         let acc = unsafe { std::ptr::addr_of_mut!((*self.red_slot(seq, owned)).acc) };
-        match own {
-            Some((rank, lanes)) => {
+        match start {
+            Start::Own(rank, lanes) => {
                 self.red_bits(seq, owned, rank / 64).store(1 << (rank % 64), Relaxed);
                 self.red_count(seq, owned).store(1, Relaxed);
                 let len = lanes.len().min(crate::wire::CHUNK_MAX);
                 // SAFETY: at most CHUNK_MAX bytes into the acc field.
                 unsafe { std::ptr::copy_nonoverlapping(lanes.as_ptr(), acc.cast::<u8>(), len) };
             }
-            None => {
+            Start::Identity(fold, lane) => {
                 self.red_count(seq, owned).store(0, Relaxed);
-                // SAFETY: the whole acc field.
-                unsafe { acc.write_bytes(0, 1) };
+                let pattern = identity(fold, lane);
+                // SAFETY: the whole acc field, as lanes of `lane` bytes.
+                unsafe {
+                    let acc = acc.cast::<u8>();
+                    for at in (0..crate::wire::CHUNK_MAX).step_by(usize::from(lane.max(1))) {
+                        let bytes = pattern.to_le_bytes();
+                        std::ptr::copy_nonoverlapping(bytes.as_ptr(), acc.add(at), usize::from(lane.clamp(1, 8)));
+                    }
+                }
             }
         }
         self.red_tag(seq, owned).store(new_tag, Release);
@@ -526,7 +558,7 @@ impl Windows {
         use std::sync::atomic::Ordering::{AcqRel, Acquire};
         let Some(armed) = self.red_armed(seq) else { return false };
         let _ = self.red_tag(seq, owned).compare_exchange(tag(seq, RED_AHEAD), tag(seq, chunk), AcqRel, Acquire);
-        self.fold_red(seq, owned, rank, own, usize::from(armed.lane), armed.ranks) == Some(true)
+        self.fold_red(seq, owned, rank, own, &armed) == Some(true)
     }
 
     /// Whether slot `owned` of reduction `seq` was armed ahead and then
@@ -540,7 +572,7 @@ impl Windows {
     /// `seq`) with this rank's own contribution `own` as the starting sum:
     /// its bit `rank` set and a count of 1; the tag last.
     pub fn prepare_red(&self, owned: u32, seq: u32, chunk: u32, rank: usize, own: &[u8]) {
-        self.reset_red(seq, owned, Some((rank, own)), tag(seq, chunk));
+        self.reset_red(seq, owned, Start::Own(rank, own), tag(seq, chunk));
     }
 
     /// Whether owned chunk `owned`'s slot sums chunk `chunk` of `seq`.
@@ -548,35 +580,49 @@ impl Windows {
         self.red_tag(seq, owned).load(std::sync::atomic::Ordering::Acquire) == tag(seq, chunk)
     }
 
-    /// Folds, from user space, `rank`'s contribution `lanes` (of `lane`
-    /// bytes each) into owned chunk `owned`'s slot of reduction `seq`, as
-    /// XDP would. Returns `None` for a repeat, else whether it completed
-    /// the chunk (`ranks` contributions).
-    pub fn fold_red(&self, seq: u32, owned: u32, rank: usize, lanes: &[u8], lane: usize, ranks: u32) -> Option<bool> {
-        use std::sync::atomic::Ordering::AcqRel;
+    /// Folds, from user space, `rank`'s contribution `lanes` into owned
+    /// chunk `owned`'s slot of reduction `seq`, as XDP would (the lane
+    /// width, fold and ranks of `red`). Returns `None` for a repeat, else
+    /// whether it completed the chunk.
+    pub fn fold_red(&self, seq: u32, owned: u32, rank: usize, lanes: &[u8], red: &RedCtl) -> Option<bool> {
+        use std::sync::atomic::{
+            AtomicI32, AtomicI64,
+            Ordering::{AcqRel, Acquire},
+        };
         let bit = 1u64 << (rank % 64);
         if self.red_bits(seq, owned, rank / 64).fetch_or(bit, AcqRel) & bit != 0 {
             return None;
         }
         let acc = self.red_slot(seq, owned).cast::<u8>().wrapping_add(std::mem::offset_of!(RedSlot, acc));
-        for (i, x) in lanes.chunks_exact(lane).enumerate() {
-            // SAFETY: lane-aligned offsets inside the slot's acc (the caller
-            // gives at most CHUNK_MAX bytes); concurrent adds are atomic.
+        let lane = usize::from(red.lane);
+        for (i, x) in lanes.chunks_exact(lane).take(crate::wire::CHUNK_MAX / lane).enumerate() {
+            // SAFETY: lane-aligned offsets inside the slot's acc (at most
+            // CHUNK_MAX bytes); concurrent folds are atomic.
             unsafe {
+                let at = acc.add(i * lane);
                 if lane == 8 {
                     let v = u64::from_le_bytes(x.try_into().unwrap());
-                    (*acc.add(i * 8).cast::<AtomicU64>()).fetch_add(v, AcqRel);
+                    match red.fold {
+                        FOLD_MIN_S => drop((*at.cast::<AtomicI64>()).fetch_min(v as i64, AcqRel)),
+                        FOLD_MIN_U => drop((*at.cast::<AtomicU64>()).fetch_min(v, AcqRel)),
+                        FOLD_MAX_S => drop((*at.cast::<AtomicI64>()).fetch_max(v as i64, AcqRel)),
+                        FOLD_MAX_U => drop((*at.cast::<AtomicU64>()).fetch_max(v, AcqRel)),
+                        _ => drop((*at.cast::<AtomicU64>()).fetch_add(v, AcqRel)),
+                    }
                 } else {
                     let v = u32::from_le_bytes(x.try_into().unwrap());
-                    (*acc.add(i * 4).cast::<AtomicU32>()).fetch_add(v, AcqRel);
+                    match red.fold {
+                        FOLD_MIN_S => drop((*at.cast::<AtomicI32>()).fetch_min(v as i32, AcqRel)),
+                        FOLD_MIN_U => drop((*at.cast::<AtomicU32>()).fetch_min(v, AcqRel)),
+                        FOLD_MAX_S => drop((*at.cast::<AtomicI32>()).fetch_max(v as i32, AcqRel)),
+                        FOLD_MAX_U => drop((*at.cast::<AtomicU32>()).fetch_max(v, AcqRel)),
+                        _ => drop((*at.cast::<AtomicU32>()).fetch_add(v, AcqRel)),
+                    }
                 }
             }
         }
         let count = self.red_count(seq, owned).fetch_add(1, AcqRel) + 1;
-        Some(
-            count == ranks
-                && self.red_done(seq, owned).compare_exchange(0, 1, AcqRel, std::sync::atomic::Ordering::Acquire).is_ok(),
-        )
+        Some(count == red.ranks && self.red_done(seq, owned).compare_exchange(0, 1, AcqRel, Acquire).is_ok())
     }
 
     /// Whether `rank`'s contribution is in owned chunk `owned`'s slot.
@@ -602,6 +648,73 @@ impl Windows {
         }
     }
 
+    /// A u32 field of the control of reduction `seq`'s phase, for atomic
+    /// access (`offset` from `std::mem::offset_of!(RedCtl, …)`).
+    fn red_field(&self, seq: u32, offset: usize) -> &AtomicU32 {
+        let phase = (seq % RED_PHASES) as usize;
+        self.ctl_field(std::mem::offset_of!(Ctl, red) + phase * size_of::<RedCtl>() + offset)
+    }
+
+    /// Lets XDP place the results of reduction `seq`'s chunks below `credit`.
+    pub fn set_red_credit(&self, seq: u32, credit: u32) {
+        self.red_field(seq, std::mem::offset_of!(RedCtl, credit)).store(credit, std::sync::atomic::Ordering::Release);
+    }
+
+    /// The process handled a chunk of reduction `seq` itself (a result from
+    /// its socket, a sum it completed): XDP's target is one less.
+    pub fn red_handled(&self, seq: u32) {
+        let target = self.red_field(seq, std::mem::offset_of!(RedCtl, target));
+        let _ = target.fetch_update(std::sync::atomic::Ordering::AcqRel, std::sync::atomic::Ordering::Acquire, |t| {
+            t.checked_sub(1)
+        });
+    }
+
+    /// Chunks of reduction `seq` XDP landed so far.
+    pub fn red_landed(&self, seq: u32) -> u32 {
+        self.red_field(seq, std::mem::offset_of!(RedCtl, landed)).load(std::sync::atomic::Ordering::Acquire)
+    }
+
+    /// Whether XDP sent the completion notice of reduction `seq`.
+    pub fn red_notified(&self, seq: u32) -> bool {
+        self.red_field(seq, std::mem::offset_of!(RedCtl, notified)).load(std::sync::atomic::Ordering::SeqCst) != 0
+    }
+
+    /// Lets XDP send the completion notice of reduction `seq` again: the
+    /// process was woken by it with chunks still missing (one it counted
+    /// twice), so the one that really completes it must wake it too.
+    pub fn rearm_red_notice(&self, seq: u32) {
+        self.red_field(seq, std::mem::offset_of!(RedCtl, notified)).store(0, std::sync::atomic::Ordering::SeqCst);
+    }
+
+    /// The result slot chunk `chunk` of reduction `seq` lands in.
+    fn res_slot(&self, seq: u32, chunk: u32) -> *mut RxSlot {
+        let slot = (self.index * RED_PHASES + seq % RED_PHASES) * RES_SLOTS + (chunk & (RES_SLOTS - 1));
+        // SAFETY: slot < CTL_SLOTS * RED_PHASES * RES_SLOTS, inside the mapping.
+        unsafe { self.res.ptr.add(slot as usize * elem(size_of::<RxSlot>())).cast() }
+    }
+
+    fn res_tag(&self, seq: u32, chunk: u32) -> &AtomicU64 {
+        // SAFETY: the first (8-aligned) field of a slot in the mapping.
+        unsafe { &*(self.res_slot(seq, chunk).cast::<AtomicU64>()) }
+    }
+
+    /// Whether XDP placed the result of chunk `chunk` of reduction `seq`.
+    pub fn res_holds(&self, seq: u32, chunk: u32) -> bool {
+        self.res_tag(seq, chunk).load(std::sync::atomic::Ordering::Acquire) == tag(seq, chunk)
+    }
+
+    /// Copies the result of chunk `chunk` of reduction `seq` (check
+    /// [`Windows::res_holds`] first) into `dst` (at most CHUNK_MAX bytes).
+    pub fn copy_res(&self, seq: u32, chunk: u32, dst: &mut [u8]) {
+        let len = dst.len().min(crate::wire::CHUNK_MAX);
+        // SAFETY: the data field of a slot inside the mapping, published
+        // (its tag was read with Acquire); dst does not overlap it.
+        unsafe {
+            let src = std::ptr::addr_of!((*self.res_slot(seq, chunk)).data).cast::<u8>();
+            std::ptr::copy_nonoverlapping(src, dst.as_mut_ptr(), len);
+        }
+    }
+
     /// Clears this communicator's control block and the tags of its slots,
     /// so nothing a previous user left can pass for a chunk of ours.
     pub fn reset(&self) {
@@ -620,6 +733,9 @@ impl Windows {
             for phase in 0..RED_PHASES {
                 for owned in 0..RED_SLOTS {
                     (*self.red_slot(phase, owned)).tag = 0;
+                }
+                for chunk in 0..RES_SLOTS {
+                    (*self.res_slot(phase, chunk)).tag = 0;
                 }
             }
         }

@@ -23,6 +23,9 @@ pub const FLAG_GROUP: u16 = 0x0004;
 pub const FLAG_MISMATCH: u16 = 0x0008;
 /// Header flag of `BCAST_LANDED`: the kernel sent this chunk's ACK already.
 pub const FLAG_ANSWERED: u16 = 0x0010;
+/// `AGGBOX_FLAG_NOTIFY`: a RED_RESULT XDP made goes up as `RedLanded`
+/// after TC ingress fanned it out (kernel-internal, dropped on the wire).
+pub const FLAG_NOTIFY: u16 = 0x0020;
 /// Largest chunk payload (a window slot of the kernel datapath).
 pub const CHUNK_MAX: usize = 4032;
 /// IPv4 + UDP + AggBox header bytes in every datagram.
@@ -76,6 +79,10 @@ pub enum Kind {
     /// XDP -> its own host's socket: "owned chunk `chunk` of reduction
     /// `seq` is summed" (in the mapped slot; no body).
     RedSum = 14,
+    /// XDP (or TC ingress) -> its own host's socket: `count` chunks of
+    /// reduction `seq` landed (owned sums XDP completed and results it
+    /// placed in the result window; no body).
+    RedLanded = 15,
 }
 
 impl Kind {
@@ -96,6 +103,7 @@ impl Kind {
             12 => Kind::RedDone,
             13 => Kind::RedAbort,
             14 => Kind::RedSum,
+            15 => Kind::RedLanded,
             _ => return None,
         })
     }
@@ -220,6 +228,7 @@ mod tests {
                 "AGGBOX_FLAG_GROUP",
                 "AGGBOX_FLAG_MISMATCH",
                 "AGGBOX_FLAG_ANSWERED",
+                "AGGBOX_FLAG_NOTIFY",
                 "AGGBOX_CHUNK_MAX",
             ]
             .map(String::from),
@@ -240,6 +249,7 @@ mod tests {
                 "AGGBOX_KIND_RED_DONE",
                 "AGGBOX_KIND_RED_ABORT",
                 "AGGBOX_KIND_RED_SUM",
+                "AGGBOX_KIND_RED_LANDED",
                 "AGGBOX_KIND_MAX",
             ]
             .map(String::from),
@@ -269,6 +279,7 @@ mod tests {
             FLAG_GROUP as u64,
             FLAG_MISMATCH as u64,
             FLAG_ANSWERED as u64,
+            FLAG_NOTIFY as u64,
             CHUNK_MAX as u64,
             Kind::BarrierArrive as u64,
             Kind::BarrierRelease as u64,
@@ -284,7 +295,8 @@ mod tests {
             Kind::RedDone as u64,
             Kind::RedAbort as u64,
             Kind::RedSum as u64,
-            Kind::RedSum as u64 + 1,
+            Kind::RedLanded as u64,
+            Kind::RedLanded as u64 + 1,
         ];
         assert_eq!(rust, c);
     }

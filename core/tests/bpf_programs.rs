@@ -517,13 +517,12 @@ fn xdp_folds_contributions_at_the_owner_and_completes_once() {
         dtype: 1,
         op: 0x10,
         lane: 4,
-        reserved: 0,
         ranks: 3,
         base: 0,
         stride: 3,
         chunk_bytes: P as u32,
-        last_bytes: 0,
         owned_last: u32::MAX,
+        ..RedCtl::default() // no fan-out: the RED_SUM path of the other collectives
     });
     let own: Vec<i32> = (0..lanes as i32).map(|i| i * 3 - 1000).collect();
     let c1: Vec<i32> = (0..lanes as i32).map(|i| i32::MAX - i).collect();
@@ -570,7 +569,7 @@ fn xdp_folds_contributions_at_the_owner_and_completes_once() {
     // Reduction #6, armed ahead with #5's parameters (the other phase):
     // rank 1's contribution comes before this rank's call and is folded
     // into the zeroed slot; the call joins with its own; rank 2's completes.
-    let ahead = RedCtl { seq: 6, nchunks: 2, count, dtype: 1, op: 0x10, lane: 4, reserved: 0, ranks: 3, base: 0, stride: 3, chunk_bytes: P as u32, last_bytes: 0, owned_last: u32::MAX };
+    let ahead = RedCtl { seq: 6, nchunks: 2, count, dtype: 1, op: 0x10, lane: 4, ranks: 3, base: 0, stride: 3, chunk_bytes: P as u32, owned_last: u32::MAX, ..RedCtl::default() };
     windows.arm_red_ahead(&ahead, 1);
     let mut e1 = red_header(1, 6, 0, 2, count);
     e1.extend(i32_bytes(&c1));
@@ -586,4 +585,130 @@ fn xdp_folds_contributions_at_the_owner_and_completes_once() {
     // #5's slot (the other phase) is untouched.
     windows.copy_red(5, 0, &mut sum);
     assert_eq!(sum, i32_bytes(&want));
+}
+
+const RED_RESULT: u8 = 11;
+const RED_LANDED: u8 = 15;
+
+/// The flags of a frame's AggBox header.
+fn flags_of(frame: &[u8]) -> u16 {
+    u16::from_le_bytes([frame[14 + 20 + 8 + 6], frame[14 + 20 + 8 + 7]])
+}
+
+/// The 4-byte lanes of a frame's payload.
+fn payload_i32(frame: &[u8]) -> Vec<i32> {
+    frame[14 + 20 + 8 + 40..].chunks_exact(4).map(|b| i32::from_le_bytes(b.try_into().unwrap())).collect()
+}
+
+#[test]
+fn xdp_turns_the_completing_contribution_into_the_result_and_places_others_results() {
+    use aggbox_core::maps::{RedCtl, FOLD_ADD, FOLD_MAX_S};
+    const THIRD_IP: Ipv4Addr = Ipv4Addr::new(10, 77, 0, 3);
+    const THIRD_PORT: u16 = 47_003;
+    let mut h = Harness::new().unwrap();
+    let mut g = group();
+    g.peers.push(PeerInfo { rank: 2, ipv4: THIRD_IP, mac: [2, 0, 0, 0, 0, 3], port: THIRD_PORT, datapath: Datapath::Kernel, mtu: 1500 });
+    let windows = h.register_with_windows(LOCAL_IP, LOCAL_PORT, &g, CTL).unwrap();
+    // Allreduce #7 of two chunks of i32 on 3 ranks, the fan-out path: this
+    // rank (0) owns chunk 0; chunk 1 is rank 1's, whose result it gets.
+    let lanes = P / 4;
+    let count = 2 * lanes as u32;
+    let armed = RedCtl {
+        seq: 7,
+        nchunks: 2,
+        count,
+        dtype: 1,
+        op: 0x10,
+        lane: 4,
+        fold: FOLD_ADD,
+        ranks: 3,
+        base: 0,
+        stride: 3,
+        chunk_bytes: P as u32,
+        owned_last: u32::MAX,
+        rank: 0,
+        fanout: 1,
+        result_last: P as u32,
+        credit: 2,
+        notify: 64,
+        landed: 0,
+        target: 2,
+        notified: 0,
+        last_bytes: 0,
+    };
+    windows.arm_red(&armed);
+    let own: Vec<i32> = (0..lanes as i32).map(|i| i * 5 - 77).collect();
+    let c1: Vec<i32> = (0..lanes as i32).map(|i| i32::MIN + i).collect();
+    let c2: Vec<i32> = (0..lanes as i32).map(|i| 3 * i * i).collect();
+    let want: Vec<i32> = (0..lanes).map(|i| own[i].wrapping_add(c1[i]).wrapping_add(c2[i])).collect();
+    windows.prepare_red(0, 7, 0, 0, &i32_bytes(&own));
+    let mut d1 = red_header(1, 7, 0, 2, count);
+    d1.extend(i32_bytes(&c1));
+    assert_eq!(h.run(Prog::XdpIngress, &inbound(&d1)).unwrap().retval, xdp::DROP);
+    let mut d2 = red_header(2, 7, 0, 2, count);
+    d2.extend(i32_bytes(&c2));
+    let out = h.run(Prog::XdpIngress, &udp(THIRD_IP, THIRD_PORT, LOCAL_IP, LOCAL_PORT, &d2)).unwrap();
+    assert_eq!(out.retval, xdp::PASS, "the completing contribution goes up, to TC ingress");
+    assert_eq!((kind_of(&out.frame), flags_of(&out.frame)), (RED_RESULT, 0x0002), "a FANOUT result");
+    assert_eq!(payload_i32(&out.frame), want, "carrying the wrapping sum");
+    assert_eq!(out.frame[14 + 20 + 6..14 + 20 + 8], [0, 0], "UDP checksum none (the payload changed)");
+    assert!(windows.red_is_done(7, 0));
+
+    // Rank 1 lost it and sends its contribution again: XDP answers with
+    // the result, back where it came from.
+    let out = h.run(Prog::XdpIngress, &inbound(&d1)).unwrap();
+    assert_eq!(out.retval, xdp::TX);
+    assert_eq!((kind_of(&out.frame), flags_of(&out.frame)), (RED_RESULT, 0x0001), "a RETRANSMIT result");
+    assert_eq!(payload_i32(&out.frame), want);
+    assert_eq!(out.frame[14 + 12..14 + 16], LOCAL_IP.octets(), "from here");
+    assert_eq!(out.frame[14 + 16..14 + 20], PEER_IP.octets(), "to rank 1");
+    assert!(ipv4_checksum_ok(&out.frame[14..34]));
+    assert_eq!(rstat(&h, "answered"), 1);
+
+    // The result of chunk 1 from its owner (rank 1) is placed; it is the
+    // second chunk landed of two: it goes up as the one notice.
+    let r1: Vec<i32> = (0..lanes as i32).map(|i| 11 * i - 4).collect();
+    let mut res = bcast_header(RED_RESULT, 1, 7, 1, 2, count);
+    res[14] = 1;
+    res[15] = 0x10;
+    res.extend(i32_bytes(&r1));
+    let out = h.run(Prog::XdpIngress, &inbound(&res)).unwrap();
+    assert_eq!((out.retval, kind_of(&out.frame)), (xdp::PASS, RED_LANDED));
+    assert_eq!(out.frame.len(), 14 + 20 + 8 + 40, "a header-only notice");
+    assert!(windows.res_holds(7, 1));
+    let mut got = vec![0u8; P];
+    windows.copy_res(7, 1, &mut got);
+    assert_eq!(got, i32_bytes(&r1));
+    assert_eq!(h.run(Prog::XdpIngress, &inbound(&res)).unwrap().retval, xdp::DROP, "a repeat");
+    assert_eq!((rstat(&h, "placed"), rstat(&h, "landed")), (1, 1));
+    // A result of chunk 0 from rank 1 (not its owner), or beyond the credit:
+    // user space's to judge. A FANOUT or NOTIFY result from the wire, or a
+    // RED_LANDED, is dropped: only the kernel makes them.
+    let mut wrong = bcast_header(RED_RESULT, 1, 7, 0, 2, count);
+    wrong[14] = 1;
+    wrong[15] = 0x10;
+    wrong.extend(i32_bytes(&r1));
+    assert_eq!(h.run(Prog::XdpIngress, &inbound(&wrong)).unwrap().retval, xdp::PASS);
+    for (flag, kind) in [(0x0002u16, RED_RESULT), (0x0020, RED_RESULT), (0, RED_LANDED)] {
+        let mut forged = res.clone();
+        forged[5] = kind;
+        forged[6..8].copy_from_slice(&flag.to_le_bytes());
+        assert_eq!(h.run(Prog::XdpIngress, &inbound(&forged)).unwrap().retval, xdp::DROP, "forged {kind} {flag:#x}");
+    }
+    assert_eq!(rstat(&h, "forged"), 3);
+
+    // MAX #8 (the other phase), signed: compare-and-swap folds, exact.
+    windows.arm_red(&RedCtl { seq: 8, fold: FOLD_MAX_S, op: 0x12, target: 2, ..armed });
+    windows.prepare_red(0, 8, 0, 0, &i32_bytes(&own));
+    for (sender, values, ip, port) in [(1u16, &c1, PEER_IP, PEER_PORT), (2, &c2, THIRD_IP, THIRD_PORT)] {
+        let mut d = red_header(sender, 8, 0, 2, count);
+        d[15] = 0x12;
+        d.extend(i32_bytes(values));
+        h.run(Prog::XdpIngress, &udp(ip, port, LOCAL_IP, LOCAL_PORT, &d)).unwrap();
+    }
+    let mut max = vec![0u8; P];
+    windows.copy_red(8, 0, &mut max);
+    let want: Vec<i32> = (0..lanes).map(|i| own[i].max(c1[i]).max(c2[i])).collect();
+    assert_eq!(max, i32_bytes(&want), "the slot holds the maximum");
+    assert_eq!(rstat(&h, "errors"), 0);
 }

@@ -160,6 +160,12 @@ pub struct aggbox_stats {
     /// Float sums and averages done as quantized integer sums (the others
     /// had NaN, infinite or all-zero inputs and were summed as floats).
     pub reduce_quantized: u64,
+    /// Results of others' chunks this rank took from its socket (first
+    /// copies only); on the kernel datapath's allreduce XDP places them in
+    /// the mapped result window instead.
+    pub reduce_results_received: u64,
+    /// Results this rank copied out of its kernel result window.
+    pub reduce_results_from_kernel: u64,
 }
 
 /// The smallest `size` accepted: up to and including `datapath`.
@@ -192,6 +198,8 @@ impl aggbox_stats {
             reduce_folded,
             reduce_results_sent,
             reduce_quantized,
+            reduce_results_received,
+            reduce_results_from_kernel,
         } = stats.user;
         aggbox_stats {
             size,
@@ -218,6 +226,8 @@ impl aggbox_stats {
             reduce_folded,
             reduce_results_sent,
             reduce_quantized,
+            reduce_results_received,
+            reduce_results_from_kernel,
         }
     }
 
@@ -262,7 +272,9 @@ impl aggbox_stats {
             reduce_contributions_sent,
             reduce_folded,
             reduce_results_sent,
-            reduce_quantized
+            reduce_quantized,
+            reduce_results_received,
+            reduce_results_from_kernel
         );
     }
 }

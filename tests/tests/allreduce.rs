@@ -150,10 +150,14 @@ fn assert_kernel_folding(reports: &[HashMap<String, String>], cases: &[String], 
     let (kernel, user) = (total(reports, "k_red_folded"), total(reports, "folded"));
     assert_eq!(kernel + user, contributions(cases, n), "every contribution folded once ({kernel} by XDP, {user} in user space)");
     assert_eq!(total(reports, "k_red_errors"), 0, "no tail call failed");
-    assert!(kernel > 0 && total(reports, "k_red_sums") > 0, "XDP folded and completed chunks");
+    let completed = total(reports, "k_red_sums") + total(reports, "k_red_fanned_out");
+    assert!(kernel > 0 && completed > 0, "XDP folded and completed chunks");
     eprintln!(
-        "{n} ranks: {kernel} contributions folded by XDP, {user} by owners' processes, {} RED_SUM notices",
-        total(reports, "k_red_sums")
+        "{n} ranks: {kernel} contributions folded by XDP, {user} by owners' processes, {} RED_SUM notices, {} results fanned out by TC, {} placed by XDP, {} results from sockets",
+        total(reports, "k_red_sums"),
+        total(reports, "k_red_fanned_out"),
+        total(reports, "k_red_placed"),
+        total(reports, "results_received"),
     );
 }
 
@@ -381,4 +385,20 @@ fn repeated_calls_are_folded_in_the_kernel() {
     let per_call = contributions(&cases[..1], HOSTS);
     let in_user = total(&reports, "folded");
     assert!(in_user <= per_call, "{in_user} contributions folded in user space, more than the first call's {per_call}");
+    // Results in the kernel: every rank got every result of the chunks it
+    // does not own, by XDP placement or (rarely, a race) from its socket,
+    // exactly once; the owners' processes sent none but those their own
+    // joining contribution completed, and each rank had about one notice
+    // per call.
+    let chunks = 10_000usize.div_ceil(1432 / 8);
+    for r in &reports {
+        let rank: usize = r["rank"].parse().unwrap();
+        let not_owned = (0..chunks).filter(|c| c % HOSTS != rank).count() as u64;
+        let (kernel, socket) = (number(r, "results_from_kernel"), number(r, "results_received"));
+        assert_eq!(kernel + socket, not_owned * calls as u64, "rank {rank}: each result taken once");
+        assert!(socket * 100 <= kernel, "rank {rank}: {socket} results from the socket, {kernel} placed by XDP");
+        let notices = number(r, "k_red_landed");
+        assert!(notices > 0 && notices <= calls as u64 * 11 / 10, "rank {rank}: {notices} notices for {calls} calls");
+    }
+    assert!(total(&reports, "k_red_fanned_out") > 0, "TC ingress fanned results out");
 }

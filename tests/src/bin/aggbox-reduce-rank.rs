@@ -331,7 +331,7 @@ fn main() {
     let kernel: Vec<String> =
         aggbox_core::maps::RSTAT_NAMES.iter().zip(kernel).map(|(name, value)| format!("k_red_{name}={value}")).collect();
     println!(
-        "report rank={} size={} datapath={} reductions={} quantized={} retransmits={} duplicates={} contributions_sent={} folded={} results_sent={} sent={} received={} dropped_foreign={} dropped_malformed={} xdp_bad_token={} xdp_not_member={} {}",
+        "report rank={} size={} datapath={} reductions={} quantized={} retransmits={} duplicates={} contributions_sent={} folded={} results_sent={} results_received={} results_from_kernel={} sent={} received={} dropped_foreign={} dropped_malformed={} xdp_bad_token={} xdp_not_member={} {}",
         comm.rank(),
         comm.size(),
         comm.datapath().name(),
@@ -342,6 +342,8 @@ fn main() {
         u.reduce_contributions_sent,
         u.reduce_folded,
         u.reduce_results_sent,
+        u.reduce_results_received,
+        u.reduce_results_from_kernel,
         u.packets_sent,
         u.packets_received,
         u.dropped_foreign,
