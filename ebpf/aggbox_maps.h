@@ -97,11 +97,12 @@ struct aggbox_rxctl {
  * "Kernel datapath"): the current one, and the next one armed ahead with
  * the parameters of the one before (a training loop repeats its calls).
  * XDP folds a RED_DATA only when every field matches its header, into the
- * slot the process prepared. For an allreduce (`fanout`), XDP also turns
- * the contribution that completes a chunk into its result, which TC
- * ingress fans out to every member, places the results of others' chunks
- * in this communicator's result window (ab_redres), and counts both in
- * `landed`, so the process is woken once, not per chunk.
+ * slot the process prepared. With `fanout`, XDP also turns the
+ * contribution that completes a chunk into its result, which TC ingress
+ * sends to the members that get it (and a header-only RED_DONE to the other
+ * contributors), places the results (and DONEs) of others' chunks in this
+ * communicator's result window (ab_redres), and counts both in `landed`,
+ * so the process is woken once, not per chunk.
  */
 struct aggbox_redctl {
 	__u32 seq;
@@ -121,6 +122,8 @@ struct aggbox_redctl {
 	__u32 rank; /* this communicator's rank: the sender of the results it fans out */
 	__u32 fanout; /* 1: fan completed chunks out and place others' results */
 	__u32 result_last; /* bytes of the vector's last chunk */
+	__u32 root; /* reduce: the rank that gets the results */
+	__u32 per_block; /* reduce-scatter: chunks per block (owner = chunk / per_block); else 0 (chunk % ranks) */
 	__u32 credit; /* results of chunks below this may be placed: first chunk not done + AGGBOX_RES_SLOTS */
 	__u32 notify; /* notify the process every this many chunks landed */
 	__u32 landed; /* owned chunks XDP completed + results XDP placed */
@@ -139,6 +142,8 @@ struct aggbox_redctl {
 
 /* The collective in the high nibble of a reduction header's op byte. */
 #define AGGBOX_COLL_ALLREDUCE 1
+#define AGGBOX_COLL_REDUCE 2
+#define AGGBOX_COLL_REDUCE_SCATTER 3
 
 /* Result slots of one communicator and phase, in chunks (power of 2): a
  * contributor keeps this many chunks in flight on the kernel datapath, so

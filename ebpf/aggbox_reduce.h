@@ -143,6 +143,21 @@ static __always_inline int aggbox_xdp_make_result(struct xdp_md *ctx, struct agg
 	return 0;
 }
 
+/* The owner of chunk `chunk` of reduction `red`. */
+static __always_inline __u32 aggbox_red_owner(struct aggbox_redctl *red, __u32 chunk)
+{
+	if (red->per_block)
+		return chunk / red->per_block;
+	return red->ranks ? chunk % red->ranks : 0;
+}
+
+/* Whether rank `rank` gets the result of a chunk it does not own in
+ * reduction `red` of collective `coll` (else a DONE). */
+static __always_inline int aggbox_red_recipient(struct aggbox_redctl *red, __u32 coll, __u32 rank)
+{
+	return coll == AGGBOX_COLL_ALLREDUCE || (coll == AGGBOX_COLL_REDUCE && rank == red->root);
+}
+
 /* Counts one chunk landed in reduction `red` (an owned sum XDP completed or a
  * result it placed); returns whether the process must be told now: at its
  * target (once), and every `notify` chunks on the way. */
@@ -217,6 +232,17 @@ static __always_inline int aggbox_xdp_red_data(struct xdp_md *ctx, struct aggbox
 		aggbox_rcount(AGGBOX_RSTAT_DUPLICATES);
 		/* Complete: the sender lost its result. Answer it from the slot
 		 * (held by inflight meanwhile), or let the process. */
+		if (slot->done && red->fanout && !aggbox_red_recipient(red, hdr->op >> 4, sender)) {
+			__sync_fetch_and_sub(&slot->inflight, 1);
+			hdr = aggbox_xdp_strip(ctx, len);
+			if (!hdr)
+				return XDP_DROP;
+			hdr->kind = AGGBOX_KIND_RED_DONE;
+			hdr->flags = AGGBOX_FLAG_RETRANSMIT;
+			hdr->sender = red->rank;
+			aggbox_rcount(AGGBOX_RSTAT_ANSWERED);
+			return aggbox_xdp_bounce(ctx);
+		}
 		if (slot->done && red->fanout &&
 		    aggbox_xdp_make_result(ctx, slot, len, red->rank, AGGBOX_FLAG_RETRANSMIT) == 0) {
 			__sync_fetch_and_sub(&slot->inflight, 1);
@@ -428,11 +454,11 @@ static __always_inline int aggbox_xdp_red_result(struct xdp_md *ctx, struct aggb
 	red = &ctl->red[phase];
 	if (!red->fanout || red->seq == 0 || seq != red->seq || hdr->nchunks != red->nchunks ||
 	    hdr->count != red->count || hdr->dtype != red->dtype || hdr->op != red->op || chunk >= red->nchunks ||
-	    red->ranks == 0 || (hdr->op >> 4) != AGGBOX_COLL_ALLREDUCE)
+	    red->ranks == 0 || !aggbox_red_recipient(red, hdr->op >> 4, red->rank))
 		goto to_user;
 	/* From the chunk's owner (classify checked the sender's address), and
 	 * within the window the process gave. */
-	if (hdr->sender != chunk % red->ranks || hdr->sender == red->rank || chunk >= red->credit)
+	if (hdr->sender != aggbox_red_owner(red, chunk) || hdr->sender == red->rank || chunk >= red->credit)
 		goto to_user;
 	if (chunk + AGGBOX_RES_SLOTS < red->credit) {
 		aggbox_rcount(AGGBOX_RSTAT_DUPLICATES); /* copied out long ago */
@@ -474,6 +500,64 @@ static __always_inline int aggbox_xdp_red_result(struct xdp_md *ctx, struct aggb
 	hdr->kind = AGGBOX_KIND_RED_LANDED;
 	hdr->flags = 0;
 	hdr->count = red->landed;
+	aggbox_rcount(AGGBOX_RSTAT_LANDED);
+	return XDP_PASS;
+
+to_user:
+	aggbox_rcount(AGGBOX_RSTAT_RES_TO_USER);
+	return XDP_PASS;
+}
+
+/*
+ * XDP ingress, a RED_DONE at a contributor that gets no result of the chunk
+ * (reduce, reduce-scatter): mark the chunk done in the result window (its
+ * tag, no data) and count it landed, as a placed result; otherwise pass it
+ * up unchanged.
+ */
+static __always_inline int aggbox_xdp_red_done(struct xdp_md *ctx, struct aggbox_pkt *pkt)
+{
+	struct aggbox_hdr *hdr = pkt->hdr;
+	struct aggbox_rxslot *slot;
+	struct aggbox_redctl *red;
+	struct aggbox_ctl *ctl;
+	__u32 ctl_idx = pkt->ctl, seq = hdr->seq, chunk = hdr->chunk, phase = seq & (AGGBOX_RED_PHASES - 1);
+	__u32 slot_idx;
+	__u64 tag, cur;
+
+	ctl = bpf_map_lookup_elem(&ab_ctl, &ctl_idx);
+	if (!ctl)
+		goto to_user;
+	red = &ctl->red[phase];
+	if (!red->fanout || red->seq == 0 || seq != red->seq || hdr->nchunks != red->nchunks ||
+	    hdr->count != red->count || hdr->dtype != red->dtype || hdr->op != red->op || chunk >= red->nchunks ||
+	    red->ranks == 0 || aggbox_red_recipient(red, hdr->op >> 4, red->rank))
+		goto to_user;
+	if (hdr->sender != aggbox_red_owner(red, chunk) || hdr->sender == red->rank || chunk >= red->credit)
+		goto to_user;
+	if (chunk + AGGBOX_RES_SLOTS < red->credit) {
+		aggbox_rcount(AGGBOX_RSTAT_DUPLICATES);
+		return XDP_DROP;
+	}
+	slot_idx = (ctl_idx * AGGBOX_RED_PHASES + phase) * AGGBOX_RES_SLOTS + (chunk & (AGGBOX_RES_SLOTS - 1));
+	slot = bpf_map_lookup_elem(&ab_redres, &slot_idx);
+	if (!slot)
+		goto to_user;
+	tag = aggbox_tag(seq, chunk);
+	cur = slot->tag;
+	if (cur == tag) {
+		aggbox_rcount(AGGBOX_RSTAT_DUPLICATES);
+		return XDP_DROP;
+	}
+	if ((cur & AGGBOX_TAG_BUSY) || !aggbox_tag_older(cur, tag) ||
+	    __sync_val_compare_and_swap(&slot->tag, cur, tag) != cur || red->seq != seq)
+		goto to_user;
+	aggbox_rcount(AGGBOX_RSTAT_PLACED);
+	if (!aggbox_red_landed(red))
+		return XDP_DROP;
+	hdr->kind = AGGBOX_KIND_RED_LANDED;
+	hdr->flags = 0;
+	hdr->count = red->landed;
+	pkt->udp->check = 0; /* the header changed */
 	aggbox_rcount(AGGBOX_RSTAT_LANDED);
 	return XDP_PASS;
 

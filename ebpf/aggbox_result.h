@@ -2,11 +2,13 @@
 /*
  * TC ingress, the fan-out of a reduction result (docs/ALLREDUCE.md,
  * "Results in the kernel"): XDP turned the contribution that completed an
- * owned chunk of an allreduce into the chunk's RED_RESULT (flagged FANOUT,
- * still addressed from the contributor to this host) and passed it up,
- * because XDP cannot copy a packet and TC can. Here it is sent, from this
- * rank, to every other member; then it is dropped, or (flagged NOTIFY)
- * goes up to the process as its RED_LANDED notice.
+ * owned chunk into the chunk's RED_RESULT (flagged FANOUT, still addressed
+ * from the contributor to this host) and passed it up, because XDP cannot
+ * copy a packet and TC can. Here it is sent, from this rank, to the members
+ * that get the result (allreduce: all; reduce: the root), then cut to its
+ * header and sent as RED_DONE to the other contributors (reduce,
+ * reduce-scatter); then it is dropped, or (flagged NOTIFY) goes up to the
+ * process as its RED_LANDED notice.
  */
 #ifndef AGGBOX_RESULT_H
 #define AGGBOX_RESULT_H
@@ -28,6 +30,47 @@ static __always_inline int aggbox_tc_dest(struct __sk_buff *skb, __u32 *ip, __u1
 	return 0;
 }
 
+/* Cuts the frame to its AggBox header (IPv4 and UDP lengths fixed, UDP
+ * checksum none) and makes it private (a copy was just sent from it), so it
+ * can be written directly. Returns the header, or NULL. */
+static __always_inline struct aggbox_hdr *aggbox_tc_strip(struct __sk_buff *skb)
+{
+	void *data, *data_end;
+	struct iphdr *ip;
+	struct udphdr *udp;
+	__u16 old_len, new_len = bpf_htons(sizeof(*ip) + sizeof(*udp) + AGGBOX_HDR_LEN);
+
+	if (bpf_skb_change_tail(skb, AGGBOX_OFF_PAYLOAD, 0) || bpf_skb_pull_data(skb, AGGBOX_OFF_PAYLOAD))
+		return NULL;
+	data = (void *)(long)skb->data;
+	data_end = (void *)(long)skb->data_end;
+	ip = data + AGGBOX_OFF_IP;
+	udp = data + AGGBOX_OFF_UDP;
+	if (data + AGGBOX_OFF_PAYLOAD > data_end)
+		return NULL;
+	old_len = ip->tot_len;
+	ip->check = aggbox_csum_replace2(ip->check, old_len, new_len);
+	ip->tot_len = new_len;
+	udp->len = bpf_htons(sizeof(*udp) + AGGBOX_HDR_LEN);
+	udp->check = 0;
+	return (void *)(udp + 1);
+}
+
+/* Points the frame at `rank` (key->group set) and sends a copy there. */
+static __always_inline int aggbox_tc_red_copy(struct __sk_buff *skb, struct aggbox_member_key *key, __u32 rank,
+					       __u32 *cur_ip, __u16 *cur_port)
+{
+	struct aggbox_member *member;
+
+	key->rank = rank;
+	member = bpf_map_lookup_elem(&ab_members, key);
+	if (!member || aggbox_retarget(skb, member, cur_ip, cur_port))
+		return -1;
+	if (bpf_clone_redirect(skb, skb->ifindex, 0) == 0)
+		aggbox_rcount(AGGBOX_RSTAT_FANNED_OUT);
+	return 0;
+}
+
 static __always_inline int aggbox_tc_red_fanout(struct __sk_buff *skb, struct aggbox_pkt *pkt)
 {
 	struct aggbox_member_key key;
@@ -35,7 +78,7 @@ static __always_inline int aggbox_tc_red_fanout(struct __sk_buff *skb, struct ag
 	struct aggbox_redctl *red;
 	struct aggbox_ctl *ctl;
 	struct aggbox_hdr *hdr;
-	__u32 ctl_idx = pkt->ctl, cur_ip, me, size, i;
+	__u32 ctl_idx = pkt->ctl, cur_ip, me, size, coll = pkt->hdr->op >> 4, root, skip, rank, i;
 	__u16 cur_port, flags = pkt->hdr->flags, contributor = pkt->hdr->sender;
 
 	if (pkt->ip->ihl != 5)
@@ -46,6 +89,7 @@ static __always_inline int aggbox_tc_red_fanout(struct __sk_buff *skb, struct ag
 	red = &ctl->red[pkt->hdr->seq & (AGGBOX_RED_PHASES - 1)];
 	me = red->rank;
 	size = red->ranks;
+	root = red->root;
 	key.group = pkt->hdr->group;
 	if (size > AGGBOX_MAX_RANKS || me >= size)
 		return TC_ACT_SHOT;
@@ -60,21 +104,35 @@ static __always_inline int aggbox_tc_red_fanout(struct __sk_buff *skb, struct ag
 	hdr->flags = 0;
 	if (aggbox_tc_dest(skb, &cur_ip, &cur_port))
 		return TC_ACT_SHOT;
-	/* The skb's pointers are invalid from the first helper call on. */
+	/* The skb's pointers are invalid from the first helper call on.
+	 * Allreduce: the result to every other member. Reduce: the result to
+	 * the root, then a DONE to the others. Reduce-scatter: a DONE to every
+	 * other member. One loop, last (the verifier walks what follows a
+	 * loop once per way out of it). */
+	skip = me;
+	if (coll != AGGBOX_COLL_ALLREDUCE) {
+		if (coll == AGGBOX_COLL_REDUCE && root != me) {
+			if (root >= size || aggbox_tc_red_copy(skb, &key, root, &cur_ip, &cur_port))
+				return TC_ACT_SHOT;
+			skip = root;
+		}
+		hdr = aggbox_tc_strip(skb);
+		if (!hdr)
+			return TC_ACT_SHOT;
+		hdr->kind = AGGBOX_KIND_RED_DONE;
+	}
 	for (i = 1; i < AGGBOX_MAX_RANKS; i++) {
 		if (i >= size)
 			break;
-		key.rank = (me + i) % size;
-		member = bpf_map_lookup_elem(&ab_members, &key);
-		if (!member || aggbox_retarget(skb, member, &cur_ip, &cur_port))
+		rank = (me + i) % size;
+		if (rank != skip && aggbox_tc_red_copy(skb, &key, rank, &cur_ip, &cur_port))
 			return TC_ACT_SHOT;
-		if (bpf_clone_redirect(skb, skb->ifindex, 0) == 0)
-			aggbox_rcount(AGGBOX_RSTAT_FANNED_OUT);
 	}
 	if (!(flags & AGGBOX_FLAG_NOTIFY))
 		return TC_ACT_SHOT; /* its work is done */
 
-	/* The notice: addressed as it came, from the contributor to here. */
+	/* The notice: addressed as it came, from the contributor to here (a
+	 * helper first: it makes the frame private again after the copies). */
 	key.rank = contributor;
 	member = bpf_map_lookup_elem(&ab_members, &key);
 	if (!member || aggbox_retarget(skb, member, &cur_ip, &cur_port) || aggbox_tc_swap(skb))

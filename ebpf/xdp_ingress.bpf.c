@@ -33,6 +33,8 @@ int aggbox_xdp_ingress(struct xdp_md *ctx)
 		if (pkt.hdr->kind == AGGBOX_KIND_RED_RESULT &&
 		    !(pkt.hdr->flags & (AGGBOX_FLAG_FANOUT | AGGBOX_FLAG_NOTIFY)))
 			return aggbox_xdp_red_result(ctx, &pkt);
+		if (pkt.hdr->kind == AGGBOX_KIND_RED_DONE)
+			return aggbox_xdp_red_done(ctx, &pkt);
 		if (pkt.hdr->kind == AGGBOX_KIND_RED_RESULT || pkt.hdr->kind == AGGBOX_KIND_RED_SUM ||
 		    pkt.hdr->kind == AGGBOX_KIND_RED_LANDED) {
 			aggbox_rcount(AGGBOX_RSTAT_FORGED); /* only these programs make them */

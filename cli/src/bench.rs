@@ -826,7 +826,7 @@ pub fn rank_allreduce(rounds: usize, counts: &[usize]) -> Result<(), String> {
         .flat_map(|c| aggbox_core::maps::STAT_NAMES.iter().zip(c).filter(|(name, _)| name.starts_with("drop_")).map(|(_, v)| *v))
         .sum();
     println!(
-        "memory rank={me} {} rcvbuf_drops={} bpf_drops={xdp_drops} vmhwm_kb={} vector_bytes={} bpf_maps={maps} bpf_memlock={memlock} reductions={} quantized={} contributions_sent={} folded={} results_sent={} retransmits={} duplicates={}",
+        "memory rank={me} {} rcvbuf_drops={} bpf_drops={xdp_drops} vmhwm_kb={} vector_bytes={} bpf_maps={maps} bpf_memlock={memlock} reductions={} quantized={} contributions_sent={} folded={} results_sent={} results_received={} results_from_kernel={} retransmits={} duplicates={}",
         rstats.join(" "),
         udp_rcvbuf_errors() - rcvbuf_errors,
         status_kb("VmHWM"),
@@ -836,6 +836,8 @@ pub fn rank_allreduce(rounds: usize, counts: &[usize]) -> Result<(), String> {
         stats.reduce_contributions_sent,
         stats.reduce_folded,
         stats.reduce_results_sent,
+        stats.reduce_results_received,
+        stats.reduce_results_from_kernel,
         stats.retransmits,
         stats.duplicates
     );
@@ -904,9 +906,13 @@ struct ArRun {
     /// those XDP folded, the chunks it completed and what it left to user
     /// space, over the hosts.
     user_folded: f64,
-    xdp_folded: f64,
-    xdp_sums: f64,
-    xdp_to_user: f64,
+    /// The hosts' kernel reduction counters, summed, by name
+    /// (`aggbox_core::maps::RSTAT_NAMES`).
+    xdp: std::collections::BTreeMap<&'static str, f64>,
+    /// Results the ranks took from their sockets, and from their kernel
+    /// result windows.
+    results_from_socket: f64,
+    results_from_kernel: f64,
 }
 
 fn worst_mean(values: &[f64]) -> WorstMean {
@@ -987,9 +993,12 @@ fn allreduce_run(cluster: &Cluster, datapath: &str, counts: &[usize], rounds: us
         reductions: memory.iter().map(|l| field(l, "reductions")).sum(),
         max_1ki: (p50_p99(max_slowest), p50_p99(max_span)),
         user_folded: memory.iter().map(|l| field(l, "folded")).sum(),
-        xdp_folded: memory.iter().map(|l| field(l, "xdp_folded")).filter(|v| !v.is_nan()).sum(),
-        xdp_sums: memory.iter().map(|l| field(l, "xdp_sums")).filter(|v| !v.is_nan()).sum(),
-        xdp_to_user: memory.iter().map(|l| field(l, "xdp_to_user")).filter(|v| !v.is_nan()).sum(),
+        xdp: aggbox_core::maps::RSTAT_NAMES
+            .iter()
+            .map(|name| (*name, memory.iter().map(|l| field(l, &format!("xdp_{name}"))).filter(|v| !v.is_nan()).sum()))
+            .collect(),
+        results_from_socket: memory.iter().map(|l| field(l, "results_received")).sum(),
+        results_from_kernel: memory.iter().map(|l| field(l, "results_from_kernel")).sum(),
     })
 }
 
@@ -1522,16 +1531,28 @@ pub fn allreduce(hosts: usize, mtu: u32, rounds: usize, with_mpi: bool) -> Resul
     let floor_time = started.elapsed() - aggbox_time - mpi_time;
 
     // What the kernel datapath did in the kernel, measured.
-    if kernel.xdp_folded == 0.0 {
+    let xdp = |name: &str| kernel.xdp.get(name).copied().unwrap_or(0.0);
+    if xdp("folded") == 0.0 {
         println!(
             "both datapaths ran the same user-space reduction protocol: XDP folded no contribution (the kernel one only passes its datagrams through the XDP/TC checks)"
         );
     } else {
         println!(
-            "kernel datapath: the owners' sums are done in XDP ({} contributions folded and {} chunks completed by XDP, {} left to user space by it; \
-             {} folded by the owners' processes: the MAX rounds, the scale's MAX, what XDP left); results and acknowledgments are still sent from user space. \
+            "kernel datapath: XDP folded {} contributions ({} left to user space by it, {} folded by the owners' processes); \
+             TC ingress sent {} copies of the results XDP completed, XDP answered {} repeats with the result and placed {} results in the members' windows \
+             ({} left to user space); the ranks took {} results from their kernel windows and {} from their sockets; {} RED_LANDED notices. \
              User datapath: {} folded in user space",
-            kernel.xdp_folded, kernel.xdp_sums, kernel.xdp_to_user, kernel.user_folded, user.user_folded
+            xdp("folded"),
+            xdp("to_user"),
+            kernel.user_folded,
+            xdp("fanned_out"),
+            xdp("answered"),
+            xdp("placed"),
+            xdp("results_to_user"),
+            kernel.results_from_kernel,
+            kernel.results_from_socket,
+            xdp("landed"),
+            user.user_folded
         );
     }
     let mpi_row = |count: usize| mpi.as_ref().and_then(|rows| rows.iter().find(|r| r.0 == count * 4));

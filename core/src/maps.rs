@@ -157,6 +157,10 @@ pub struct RedCtl {
     pub fanout: u32,
     /// Bytes of the vector's last chunk.
     pub result_last: u32,
+    /// Reduce: the rank that gets the results.
+    pub root: u32,
+    /// Reduce-scatter: chunks per block (owner = chunk / per_block); else 0.
+    pub per_block: u32,
     /// Results of chunks below this may be placed.
     pub credit: u32,
     /// Notify the process every this many chunks landed.
@@ -435,6 +439,7 @@ mod tests {
             "offsetof(struct aggbox_redctl, rank)",
             "offsetof(struct aggbox_redctl, credit)",
             "offsetof(struct aggbox_redctl, landed)",
+            "offsetof(struct aggbox_redctl, per_block)",
             "offsetof(struct aggbox_redctl, notified)",
             "AGGBOX_FOLD_MAX_U",
             "AGGBOX_RES_SLOTS",
@@ -503,6 +508,7 @@ mod tests {
             offset_of!(RedCtl, rank),
             offset_of!(RedCtl, credit),
             offset_of!(RedCtl, landed),
+            offset_of!(RedCtl, per_block),
             offset_of!(RedCtl, notified),
             FOLD_MAX_U as usize,
             RES_SLOTS as usize,

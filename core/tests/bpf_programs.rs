@@ -629,6 +629,8 @@ fn xdp_turns_the_completing_contribution_into_the_result_and_places_others_resul
         rank: 0,
         fanout: 1,
         result_last: P as u32,
+        root: 0,
+        per_block: 0,
         credit: 2,
         notify: 64,
         landed: 0,
@@ -696,6 +698,22 @@ fn xdp_turns_the_completing_contribution_into_the_result_and_places_others_resul
         assert_eq!(h.run(Prog::XdpIngress, &inbound(&forged)).unwrap().retval, xdp::DROP, "forged {kind} {flag:#x}");
     }
     assert_eq!(rstat(&h, "forged"), 3);
+
+    // Reduce-scatter #9 (blocks of one chunk: chunk c is rank c's): this
+    // rank gets no result of chunk 1, only its owner's DONE, which XDP
+    // marks in the result window and counts as landed.
+    windows.arm_red(&RedCtl { seq: 9, op: 0x30, per_block: 1, nchunks: 3, landed: 0, target: 3, credit: 3, ..armed });
+    let mut done = bcast_header(12, 1, 9, 1, 3, count); // RED_DONE
+    done[14] = 1;
+    done[15] = 0x30;
+    assert_eq!(h.run(Prog::XdpIngress, &inbound(&done)).unwrap().retval, xdp::DROP, "marked, not the last");
+    assert!(windows.res_holds(9, 1));
+    assert_eq!(h.run(Prog::XdpIngress, &inbound(&done)).unwrap().retval, xdp::DROP, "a repeat");
+    assert_eq!(windows.red_landed(9), 1);
+    let mut not_owner = bcast_header(12, 1, 9, 2, 3, count);
+    not_owner[14] = 1;
+    not_owner[15] = 0x30;
+    assert_eq!(h.run(Prog::XdpIngress, &inbound(&not_owner)).unwrap().retval, xdp::PASS, "chunk 2 is rank 2's");
 
     // MAX #8 (the other phase), signed: compare-and-swap folds, exact.
     windows.arm_red(&RedCtl { seq: 8, fold: FOLD_MAX_S, op: 0x12, target: 2, ..armed });
