@@ -290,15 +290,20 @@ static __always_inline __u32 aggbox_dtype_size(__u8 code)
 
 /*
  * The window was armed ahead for broadcast `hdr->seq`: take its parameters
- * from this first chunk (the process checks them against its call when it
- * makes it). Returns 0 when they are set, -1 when this chunk must go to
- * user space (another CPU is setting them, or the header is not a layout
- * of the group's chunk size).
+ * from this first chunk. Only XDP takes the claim: it is BUSY for the few
+ * instructions below, in softirq, so never while its holder is
+ * descheduled. The process only reads it and checks what was claimed
+ * against its call (Windows::claim_for_call); once it has published its
+ * call (call_key), a chunk that disagrees with the call does not claim the
+ * window but goes to user space, where the process finds the mismatch.
+ * Returns 0 when the parameters are set, -1 when this chunk must go to
+ * user space (another CPU is setting them, the chunk disagrees with the
+ * call, or the header is not a layout of the group's chunk size).
  */
 static __always_inline int aggbox_claim(struct aggbox_rxctl *rx, struct aggbox_hdr *hdr)
 {
 	__u64 bytes, chunk = rx->chunk_bytes, last;
-	__u32 size = aggbox_dtype_size(hdr->dtype), nchunks;
+	__u32 size = aggbox_dtype_size(hdr->dtype), nchunks, key;
 
 	if (rx->claim == AGGBOX_CLAIM_SET)
 		return 0;
@@ -308,6 +313,14 @@ static __always_inline int aggbox_claim(struct aggbox_rxctl *rx, struct aggbox_h
 		/* A chunk of the broadcast before, whose check raced the window
 		 * being armed ahead: it must not claim the next one. */
 		rx->claim = AGGBOX_CLAIM_OPEN;
+		return -1;
+	}
+	/* Read after taking the claim (a full barrier); the process publishes
+	 * its call before it reads the claim: one of the two sees the other. */
+	key = rx->call_key;
+	if (key && (key != (AGGBOX_CALL_KNOWN | ((__u32)hdr->sender << 8) | hdr->dtype) ||
+		    rx->call_count != hdr->count)) {
+		rx->claim = AGGBOX_CLAIM_OPEN; /* the call disagrees: user space fails it */
 		return -1;
 	}
 	bytes = (__u64)hdr->count * size;
@@ -324,7 +337,10 @@ static __always_inline int aggbox_claim(struct aggbox_rxctl *rx, struct aggbox_h
 	rx->dtype = hdr->dtype;
 	rx->nchunks = nchunks;
 	rx->last_bytes = last;
-	rx->target = nchunks;
+	/* Armed ahead, target starts at 0 and the process subtracts each
+	 * chunk it places itself (wrapping), claimed or not: adding keeps
+	 * those. */
+	__sync_fetch_and_add(&rx->target, nchunks);
 	rx->credit = nchunks < AGGBOX_RX_WINDOW ? nchunks : AGGBOX_RX_WINDOW;
 	__sync_lock_test_and_set(&rx->claim, AGGBOX_CLAIM_SET);
 	return 0;

@@ -77,12 +77,19 @@ struct aggbox_rxctl {
 	__u32 credit; /* chunks below this may be placed: first chunk not copied out + window */
 	__u32 notify; /* notify the process every this many landed chunks */
 	__u32 landed; /* chunks placed (XDP adds) */
-	__u32 target; /* chunks XDP must place: nchunks less those the process placed itself */
+	__u32 target; /* chunks XDP must place: nchunks less those the process placed itself
+		       * (armed ahead: 0 less those, until the claim adds nchunks) */
 	__u32 notified; /* set once the completion notice went up */
 	/* Armed ahead, before the call is known: the first chunk claims
-	 * (AGGBOX_CLAIM_*) the parameters it carries. */
+	 * (AGGBOX_CLAIM_*) the parameters it carries. Only XDP takes the
+	 * claim (BUSY for a few instructions in softirq); the process only
+	 * reads it, so no chunk is ever turned away while a process that
+	 * holds it is descheduled. */
 	__u32 claim;
-	__u32 reserved[2];
+	/* The process's call, once it is made (call_key 0: not yet): a chunk
+	 * that disagrees with it does not claim the window. */
+	__u32 call_count;
+	__u32 call_key; /* AGGBOX_CALL_KNOWN | root << 8 | dtype */
 };
 
 /*
@@ -166,8 +173,9 @@ struct aggbox_ctl {
 };
 
 #define AGGBOX_CLAIM_OPEN 0 /* armed ahead: the first chunk sets the parameters */
-#define AGGBOX_CLAIM_BUSY 1 /* a CPU (or the process) is setting them */
+#define AGGBOX_CLAIM_BUSY 1 /* XDP on a CPU is setting them (never the process) */
 #define AGGBOX_CLAIM_SET 2 /* parameters known: place what matches them */
+#define AGGBOX_CALL_KNOWN 0x80000000u /* in rxctl.call_key: the call was made */
 
 /* ab_groups: group id -> what a datagram of that group must carry. */
 struct aggbox_group {

@@ -1047,6 +1047,13 @@ impl Comm {
     /// anything new was placed.
     fn drain_kernel_window(&mut self, buf: &mut [u8], call: &Call) -> bool {
         let Some(windows) = windows_if(self.attachment.as_ref(), self.kernel_usable()) else { return false };
+        // Armed ahead and not claimed yet: XDP placed nothing, and the
+        // claim sets the credit. A claim made after this call was published
+        // agrees with it (XDP checks); one made before, claim_for_call
+        // checked.
+        if !windows.rx_claimed(call.seq) {
+            return false;
+        }
         let state = &mut self.bcast;
         let mut placed_any = false;
         let end = call.nchunks.min(state.low + RX_WINDOW as usize);

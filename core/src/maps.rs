@@ -253,10 +253,13 @@ pub struct RxCtl {
     pub target: u32,
     /// Set once the completion notice went up.
     pub notified: u32,
-    /// [`CLAIM_OPEN`], [`CLAIM_BUSY`] or [`CLAIM_SET`].
+    /// [`CLAIM_OPEN`], [`CLAIM_BUSY`] or [`CLAIM_SET`]; only XDP takes it.
     pub claim: u32,
-    /// Zero.
-    pub reserved: [u32; 2],
+    /// The call's total elements, once it is made.
+    pub call_count: u32,
+    /// The call, once it is made: [`CALL_KNOWN`] | root << 8 | dtype (0:
+    /// not yet).
+    pub call_key: u32,
 }
 
 /// `struct aggbox_ctl`: one communicator's broadcast control block.
@@ -283,10 +286,12 @@ pub struct Ctl {
 
 /// `AGGBOX_CLAIM_OPEN`: armed ahead; the first chunk sets the parameters.
 pub const CLAIM_OPEN: u32 = 0;
-/// `AGGBOX_CLAIM_BUSY`: someone is setting them.
+/// `AGGBOX_CLAIM_BUSY`: XDP is setting them (the process never takes it).
 pub const CLAIM_BUSY: u32 = 1;
 /// `AGGBOX_CLAIM_SET`: parameters known.
 pub const CLAIM_SET: u32 = 2;
+/// `AGGBOX_CALL_KNOWN`: in `RxCtl::call_key`, the call was made.
+pub const CALL_KNOWN: u32 = 0x8000_0000;
 
 /// Broadcast counters (`enum aggbox_bstat`), in index order.
 pub const BSTAT_NAMES: [&str; 8] =
@@ -452,6 +457,8 @@ mod tests {
             "offsetof(struct aggbox_rxctl, target)",
             "offsetof(struct aggbox_rxctl, notified)",
             "offsetof(struct aggbox_rxctl, claim)",
+            "offsetof(struct aggbox_rxctl, call_key)",
+            "AGGBOX_CALL_KNOWN",
             "offsetof(struct aggbox_ctl, rx[1])",
             "offsetof(struct aggbox_ctl, tx_seq)",
             "offsetof(struct aggbox_ctl, tx_done)",
@@ -521,6 +528,8 @@ mod tests {
             offset_of!(RxCtl, target),
             offset_of!(RxCtl, notified),
             offset_of!(RxCtl, claim),
+            offset_of!(RxCtl, call_key),
+            CALL_KNOWN as usize,
             offset_of!(Ctl, rx) + size_of::<RxCtl>(),
             offset_of!(Ctl, tx_seq),
             offset_of!(Ctl, tx_done),

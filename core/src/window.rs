@@ -14,8 +14,8 @@ use std::{
 
 use crate::{
     maps::{
-        Ctl, RedCtl, RedSlot, RxCtl, RxSlot, TxSlot, CLAIM_BUSY, CLAIM_OPEN, CLAIM_SET, CTL_SLOTS, FOLD_MAX_S, FOLD_MAX_U, FOLD_MIN_S,
-        FOLD_MIN_U, RED_AHEAD, RED_PHASES, RED_SLOTS, RES_SLOTS, RX_PHASES, RX_SLOTS, RX_WINDOW, TX_SLOTS,
+        Ctl, RedCtl, RedSlot, RxCtl, RxSlot, TxSlot, CALL_KNOWN, CLAIM_OPEN, CLAIM_SET, CTL_SLOTS, FOLD_MAX_S, FOLD_MAX_U,
+        FOLD_MIN_S, FOLD_MIN_U, RED_AHEAD, RED_PHASES, RED_SLOTS, RES_SLOTS, RX_PHASES, RX_SLOTS, RX_WINDOW, TX_SLOTS,
     },
     Error, Result,
 };
@@ -61,6 +61,11 @@ const fn elem(size: usize) -> usize {
 /// window, so that it is usually scheduled before the root, which XDP's
 /// ACKs keep sending, has filled the window.
 pub const RX_NOTIFY: u32 = RX_WINDOW / 4;
+
+/// `RxCtl::call_key` of a call from `root` of wire dtype `dtype`.
+fn call_key(root: u32, dtype: u32) -> u32 {
+    CALL_KNOWN | (root << 8) | (dtype & 0xff)
+}
 
 /// The tag of chunk `chunk` of broadcast `seq` in a slot.
 pub fn tag(seq: u32, chunk: u32) -> u64 {
@@ -228,6 +233,8 @@ impl Windows {
         field(std::mem::offset_of!(RxCtl, target)).store(arm.nchunks, Relaxed);
         field(std::mem::offset_of!(RxCtl, notified)).store(0, Relaxed);
         field(std::mem::offset_of!(RxCtl, claim)).store(CLAIM_SET, Relaxed);
+        field(std::mem::offset_of!(RxCtl, call_count)).store(arm.count, Relaxed);
+        field(std::mem::offset_of!(RxCtl, call_key)).store(call_key(arm.root, arm.dtype), Relaxed);
         field(std::mem::offset_of!(RxCtl, seq)).store(arm.seq, Release);
     }
 
@@ -246,40 +253,45 @@ impl Windows {
         field(std::mem::offset_of!(RxCtl, credit)).store(0, Relaxed);
         field(std::mem::offset_of!(RxCtl, notify)).store(RX_NOTIFY, Relaxed);
         field(std::mem::offset_of!(RxCtl, landed)).store(0, Relaxed);
-        field(std::mem::offset_of!(RxCtl, target)).store(u32::MAX, Relaxed);
+        // The claim adds the chunks to this; the process subtracts each it
+        // places itself, before or after the claim.
+        field(std::mem::offset_of!(RxCtl, target)).store(0, Relaxed);
         field(std::mem::offset_of!(RxCtl, notified)).store(0, Relaxed);
         field(std::mem::offset_of!(RxCtl, claim)).store(CLAIM_OPEN, Relaxed);
+        field(std::mem::offset_of!(RxCtl, call_count)).store(0, Relaxed);
+        field(std::mem::offset_of!(RxCtl, call_key)).store(0, Relaxed);
         field(std::mem::offset_of!(RxCtl, seq)).store(seq, Release);
     }
 
     /// Makes the receive side ready for the call `arm`: arms it if it was
-    /// not armed ahead for this broadcast; takes the parameters over if no
-    /// chunk claimed them yet; else checks the claimed ones. On a mismatch
+    /// not armed ahead for this broadcast; else publishes the call (from
+    /// now on XDP claims the window only with a chunk that agrees with it)
+    /// and checks what a chunk claimed already, if one did. On a mismatch
     /// returns what the first chunk said: (root, count, dtype).
+    ///
+    /// The process never takes the claim itself: a process that held it
+    /// while descheduled sent every chunk that came meanwhile to its socket
+    /// (docs/BROADCAST.md). XDP holds it only for a few instructions.
     pub fn claim_for_call(&self, arm: &RxArm) -> std::result::Result<(), (u32, u32, u32)> {
-        use std::sync::atomic::Ordering::{AcqRel, Acquire, Relaxed, Release};
+        use std::sync::atomic::Ordering::{Acquire, Relaxed, Release, SeqCst};
         let field = |offset| self.rx_field(arm.seq, offset);
         if field(std::mem::offset_of!(RxCtl, seq)).load(Acquire) != arm.seq {
             self.arm_rx(arm);
             return Ok(());
         }
+        field(std::mem::offset_of!(RxCtl, call_count)).store(arm.count, Relaxed);
+        field(std::mem::offset_of!(RxCtl, call_key)).store(call_key(arm.root, arm.dtype), Release);
+        // Publish the call before reading the claim (XDP takes the claim,
+        // then reads the call): one of the two sees the other.
+        std::sync::atomic::fence(SeqCst);
         let claim = field(std::mem::offset_of!(RxCtl, claim));
         loop {
-            match claim.compare_exchange(CLAIM_OPEN, CLAIM_BUSY, AcqRel, Acquire) {
-                Ok(_) => {
-                    // No chunk yet: the call's parameters, exactly.
-                    field(std::mem::offset_of!(RxCtl, root)).store(arm.root, Relaxed);
-                    field(std::mem::offset_of!(RxCtl, count)).store(arm.count, Relaxed);
-                    field(std::mem::offset_of!(RxCtl, dtype)).store(arm.dtype, Relaxed);
-                    field(std::mem::offset_of!(RxCtl, nchunks)).store(arm.nchunks, Relaxed);
-                    field(std::mem::offset_of!(RxCtl, last_bytes)).store(arm.last_bytes, Relaxed);
-                    field(std::mem::offset_of!(RxCtl, target)).store(arm.nchunks, Relaxed);
-                    field(std::mem::offset_of!(RxCtl, credit)).store(arm.nchunks.min(RX_WINDOW), Relaxed);
-                    claim.store(CLAIM_SET, Release);
-                    return Ok(());
-                }
-                Err(CLAIM_BUSY) => std::hint::spin_loop(), // XDP is writing them: a few instructions
-                Err(_) => break,
+            match claim.load(Acquire) {
+                // No chunk claimed it yet: the first will, if it agrees
+                // with the call just published.
+                CLAIM_OPEN => return Ok(()),
+                CLAIM_SET => break,
+                _ => std::hint::spin_loop(), // XDP is setting them: a few instructions
             }
         }
         let said = (
@@ -295,12 +307,20 @@ impl Windows {
         }
     }
 
+    /// Whether the parameters of broadcast `seq`'s phase are set (armed
+    /// for the call, or claimed by a chunk): XDP places chunks only then.
+    pub fn rx_claimed(&self, seq: u32) -> bool {
+        self.rx_field(seq, std::mem::offset_of!(RxCtl, claim)).load(std::sync::atomic::Ordering::Acquire) == CLAIM_SET
+    }
+
     /// The process placed a chunk of `seq` itself (it came to the socket):
     /// XDP has one fewer to place before the completion notice. Returns
     /// whether XDP already placed all it now has to (no notice will come).
+    /// Armed ahead and not claimed yet, the target wraps below 0 (the claim
+    /// adds the chunks to it): never reached.
     pub fn placed_by_process(&self, seq: u32) -> bool {
         use std::sync::atomic::Ordering::{AcqRel, Acquire};
-        let target = self.rx_field(seq, std::mem::offset_of!(RxCtl, target)).fetch_sub(1, AcqRel) - 1;
+        let target = self.rx_field(seq, std::mem::offset_of!(RxCtl, target)).fetch_sub(1, AcqRel).wrapping_sub(1);
         self.rx_field(seq, std::mem::offset_of!(RxCtl, landed)).load(Acquire) >= target
     }
 

@@ -475,6 +475,62 @@ fn a_window_armed_ahead_takes_the_first_chunks_parameters() {
     assert_eq!(windows.claim_for_call(&wrong), Err((1, count, 0)));
 }
 
+/// The process never takes the claim of a window armed ahead (a process
+/// descheduled while holding it sent every chunk meanwhile to its socket):
+/// a call made before any chunk came only publishes itself, and then only
+/// a chunk that agrees with it claims the window. A chunk the process
+/// placed itself before the claim still counts against the target.
+#[test]
+fn a_call_made_before_the_first_chunk_decides_which_chunk_claims() {
+    use aggbox_core::maps::{CLAIM_OPEN, CLAIM_SET};
+    let mut h = Harness::new().unwrap();
+    let windows = h.register_with_windows(LOCAL_IP, LOCAL_PORT, &group(), CTL).unwrap();
+    let seq = 6;
+    windows.arm_rx_ahead(seq, 0, P as u32);
+    let claim = |w: &aggbox_core::window::Windows| {
+        w.rx_field(seq, std::mem::offset_of!(RxCtl, claim)).load(std::sync::atomic::Ordering::Acquire)
+    };
+    // The call: 3 chunks of u8 from rank 1.
+    let count = 2 * P as u32 + 5;
+    let arm = aggbox_core::window::RxArm {
+        seq,
+        root: 1,
+        rank: 0,
+        nchunks: 3,
+        count,
+        dtype: 0,
+        chunk_bytes: P as u32,
+        last_bytes: 5,
+    };
+    assert_eq!(windows.claim_for_call(&arm), Ok(()));
+    assert_eq!(claim(&windows), CLAIM_OPEN, "the process left the claim to XDP");
+    assert!(!windows.rx_claimed(seq));
+    // Chunk 0 reached the socket and the process placed it: one fewer for XDP.
+    assert!(!windows.placed_by_process(seq), "nothing claimed yet: no target reached");
+    // A chunk of another count (a valid layout of it) does not claim.
+    let mut other = bcast_header(BCAST_DATA, 1, seq, 1, 3, count + 1);
+    other.extend(std::iter::repeat_n(0x42u8, P));
+    assert_eq!(h.run(Prog::XdpIngress, &inbound(&other)).unwrap().retval, xdp::PASS, "left to user space");
+    assert_eq!(claim(&windows), CLAIM_OPEN);
+    assert_eq!(bstat(&h, "placed"), 0);
+    // The chunk that agrees claims it and is placed.
+    let mut good = bcast_header(BCAST_DATA, 1, seq, 1, 3, count);
+    good.extend(std::iter::repeat_n(0x42u8, P));
+    assert_eq!(h.run(Prog::XdpIngress, &inbound(&good)).unwrap().retval, xdp::TX, "placed and answered");
+    assert_eq!(claim(&windows), CLAIM_SET);
+    assert!(windows.rx_claimed(seq) && windows.rx_holds(seq, 1));
+    // SAFETY: XDP is done with the control block.
+    let rx = unsafe { *windows.ctl() }.rx[(seq % RX_PHASES) as usize];
+    assert_eq!((rx.root, rx.count, rx.nchunks, rx.landed, rx.target), (1, count, 3, 1, 2), "3 chunks less the process's");
+    // The last chunk completes XDP's target: it goes up as the notice.
+    let mut last = bcast_header(BCAST_DATA, 1, seq, 2, 3, count);
+    last.extend(std::iter::repeat_n(0x43u8, 5));
+    let out = h.run(Prog::XdpIngress, &inbound(&last)).unwrap();
+    assert_eq!(out.retval, xdp::PASS);
+    assert_eq!(kind_of(&out.frame), BCAST_LANDED);
+    assert_eq!(bstat(&h, "placed"), 2);
+}
+
 // ---- Reductions (docs/ALLREDUCE.md, "Kernel datapath") ---------------------
 
 const RED_DATA: u8 = 10;
