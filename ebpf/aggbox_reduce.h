@@ -100,6 +100,26 @@ struct {
 	__type(value, struct aggbox_red_scratch);
 } ab_redscratch SEC(".maps");
 
+#ifdef AGGBOX_RED_LOCK
+/*
+ * Measurement only (`aggbox bench fold`; build.rs builds this variant as
+ * xdp_ingress_lock.bpf.o, which no loader attaches): the ADD fold takes a
+ * per-slot spin lock and adds plainly under it, instead of atomic adds.
+ * Spin locks may not live in mmapable maps, so they sit in a plain array
+ * indexed like ab_redwin.
+ */
+struct aggbox_redlock {
+	struct bpf_spin_lock lock;
+};
+
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, AGGBOX_CTL_SLOTS * AGGBOX_RED_PHASES * AGGBOX_RED_SLOTS);
+	__type(key, __u32);
+	__type(value, struct aggbox_redlock);
+} ab_redlock SEC(".maps");
+#endif
+
 struct {
 	__uint(type, BPF_MAP_TYPE_PROG_ARRAY);
 	__uint(max_entries, AGGBOX_REDPROG_MAX);
@@ -355,6 +375,36 @@ static __always_inline void aggbox_fold_seg32(struct aggbox_red_scratch *s, stru
 	}
 }
 
+#ifdef AGGBOX_RED_LOCK
+/* One segment of an ADD fold with plain adds: the caller holds the slot's
+ * lock (no helper calls in here). */
+static __always_inline void aggbox_add_seg_locked(struct aggbox_red_scratch *s, struct aggbox_redslot *slot)
+{
+	__u32 *acc32 = (__u32 *)slot->acc, *data32 = (__u32 *)s->data;
+	__u32 i, k;
+
+	if (s->lane == 8) {
+		for (k = 0; k < AGGBOX_RED_SEG; k++) {
+			i = s->next + k;
+			if (i >= s->lanes || i >= AGGBOX_CHUNK_MAX / 8)
+				break;
+			/* Index from the checked register (not a pointer the
+			 * compiler advanced before the check). */
+			barrier_var(i);
+			slot->acc[i] += s->data[i];
+		}
+		return;
+	}
+	for (k = 0; k < AGGBOX_RED_SEG; k++) {
+		i = s->next + k;
+		if (i >= s->lanes || i >= AGGBOX_CHUNK_MAX / 4)
+			break;
+		barrier_var(i);
+		acc32[i] += data32[i];
+	}
+}
+#endif
+
 /*
  * The fold stage: combines lanes [next, next + SEG) of the scratch payload
  * into the slot, then tail-calls itself for the next segment; after the
@@ -377,6 +427,20 @@ static __always_inline int aggbox_xdp_red_fold_stage(struct xdp_md *ctx)
 	slot = bpf_map_lookup_elem(&ab_redwin, &s->slot);
 	if (!slot)
 		return XDP_DROP;
+#ifdef AGGBOX_RED_LOCK
+	if (s->fold == AGGBOX_FOLD_ADD) {
+		struct aggbox_redlock *lock = bpf_map_lookup_elem(&ab_redlock, &s->slot);
+
+		if (!lock) {
+			aggbox_rcount(AGGBOX_RSTAT_ERRORS); /* half added: must not happen */
+			__sync_fetch_and_sub(&slot->inflight, 1);
+			return XDP_DROP;
+		}
+		bpf_spin_lock(&lock->lock);
+		aggbox_add_seg_locked(s, slot);
+		bpf_spin_unlock(&lock->lock);
+	} else
+#endif
 	if (s->lane == 8)
 		aggbox_fold_seg64(s, slot);
 	else

@@ -78,10 +78,25 @@ pub enum Bench {
         #[arg(long)]
         faults: Option<String>,
     },
+    /// The XDP fold of reduction contributions at a chunk's owner: atomic
+    /// adds (what ships) vs a per-slot bpf_spin_lock around plain adds
+    /// (xdp_ingress_lock.bpf.o, built only for this), 1432-byte chunks of
+    /// i32 and of i64 lanes folded into one slot from 1 CPU and from 2 at
+    /// once (BPF_PROG_TEST_RUN, no network), every sum checked.
+    Fold {
+        /// Rounds per measurement, each 254 contributions (distinct
+        /// senders) into one freshly prepared slot.
+        #[arg(long, default_value_t = 200)]
+        rounds: usize,
+        /// Measurements of each case, interleaved; medians are printed.
+        #[arg(long, default_value_t = 5)]
+        trials: usize,
+    },
 }
 
 pub fn run(bench: Bench) -> Result<(), String> {
     match bench {
+        Bench::Fold { rounds, trials } => fold(rounds, trials),
         Bench::Tcp { seconds, rounds } => tcp(seconds, rounds),
         Bench::Broadcast { hosts, mtu, rounds, no_mpi } => broadcast(hosts, mtu, rounds, !no_mpi),
         Bench::Allreduce { hosts, mtu, rounds, no_mpi } => allreduce(hosts, mtu, rounds, !no_mpi),
@@ -1725,5 +1740,360 @@ pub fn allreduce(hosts: usize, mtu: u32, rounds: usize, with_mpi: bool) -> Resul
     if !wrong.is_empty() {
         return Err(format!("allreduce gave wrong results: {}", wrong.join("; ")));
     }
+    Ok(())
+}
+
+// ---- bench fold ---------------------------------------------------------
+
+const FOLD_GROUP: u32 = 0x0f01_d000;
+const FOLD_TOKEN: u64 = 0x5eed_f01d_0000_0001;
+const FOLD_LOCAL: std::net::Ipv4Addr = std::net::Ipv4Addr::new(10, 78, 0, 1);
+const FOLD_PEER: std::net::Ipv4Addr = std::net::Ipv4Addr::new(10, 78, 0, 2);
+const FOLD_LOCAL_PORT: u16 = 47_101;
+const FOLD_PEER_PORT: u16 = 47_102;
+const FOLD_CTL: u32 = 0;
+const FOLD_SEQ: u32 = 1;
+/// Bytes of one contribution (a full chunk at MTU 1500).
+const FOLD_BYTES: usize = 1432;
+/// Contributions a chunk needs: the slot never completes in a round (the
+/// owner's own plus [`FOLD_SENDERS`] others is 255), so every run is a
+/// plain fold.
+const FOLD_RANKS: u32 = 256;
+/// Senders per round: ranks 1..=254.
+const FOLD_SENDERS: u16 = 254;
+
+/// Sender `rank`'s contribution: lanes of `lane` bytes, values big enough
+/// that the sums wrap.
+fn fold_lanes(rank: u16, lane: usize) -> Vec<u8> {
+    (0..FOLD_BYTES / lane)
+        .flat_map(|i| {
+            let v = u64::from(rank)
+                .wrapping_mul(0x9e37_79b9_7f4a_7c15)
+                .wrapping_add((i as u64).wrapping_mul(0x0123_4567_89ab_cdef))
+                ^ (i as u64) << 7;
+            v.to_le_bytes()[..lane].to_vec()
+        })
+        .collect()
+}
+
+/// The wrapping lane-by-lane sum of `parts`, by a plain loop.
+fn fold_reference(parts: &[Vec<u8>], lane: usize) -> Vec<u8> {
+    let mut sum = vec![0u64; FOLD_BYTES / lane];
+    for part in parts {
+        for (acc, x) in sum.iter_mut().zip(part.chunks_exact(lane)) {
+            let mut b = [0u8; 8];
+            b[..lane].copy_from_slice(x);
+            *acc = acc.wrapping_add(u64::from_le_bytes(b));
+        }
+    }
+    sum.iter().flat_map(|v| v.to_le_bytes()[..lane].to_vec()).collect()
+}
+
+/// An Ethernet frame with the RED_DATA of `sender` carrying `lanes`, to the
+/// owner (rank 0).
+fn fold_frame(sender: u16, lane: usize, lanes: &[u8]) -> Vec<u8> {
+    use aggbox_core::wire::{Header, Kind, HDR_LEN};
+    let mut hdr = Header::new(Kind::RedData, FOLD_GROUP, FOLD_TOKEN, sender, FOLD_SEQ);
+    hdr.dtype = if lane == 4 { 1 } else { 2 }; // i32, i64
+    hdr.op = 0x10; // allreduce, sum
+    hdr.chunk = 0;
+    hdr.nchunks = 1;
+    hdr.count = (FOLD_BYTES / lane) as u32;
+    let mut body = vec![0u8; HDR_LEN + lanes.len()];
+    hdr.write_to(&mut body);
+    body[HDR_LEN..].copy_from_slice(lanes);
+    let mut udp = Vec::with_capacity(8 + body.len());
+    udp.extend_from_slice(&FOLD_PEER_PORT.to_be_bytes());
+    udp.extend_from_slice(&FOLD_LOCAL_PORT.to_be_bytes());
+    udp.extend_from_slice(&(8 + body.len() as u16).to_be_bytes());
+    udp.extend_from_slice(&[0, 0]); // no checksum
+    udp.extend_from_slice(&body);
+    let mut ip = vec![0x45, 0];
+    ip.extend_from_slice(&(20 + udp.len() as u16).to_be_bytes());
+    ip.extend_from_slice(&[0, 1, 0x40, 0, 64, 17, 0, 0]);
+    ip.extend_from_slice(&FOLD_PEER.octets());
+    ip.extend_from_slice(&FOLD_LOCAL.octets());
+    let mut sum: u32 = ip.chunks(2).map(|w| u32::from(u16::from_be_bytes([w[0], w[1]]))).sum();
+    while sum > 0xffff {
+        sum = (sum & 0xffff) + (sum >> 16);
+    }
+    ip[10..12].copy_from_slice(&(!(sum as u16)).to_be_bytes());
+    ip.extend_from_slice(&udp);
+    let mut frame = vec![2, 0, 0, 0, 0, 1, 2, 0, 0, 0, 0, 2, 0x08, 0x00];
+    frame.extend_from_slice(&ip);
+    frame
+}
+
+/// The fold group: rank 0 here, ranks 1..=255 all behind one peer address.
+fn fold_group() -> GroupInfo {
+    let peer = |rank: usize, ipv4, port| PeerInfo {
+        rank,
+        ipv4,
+        mac: [2, 0, 0, 0, 0, 2],
+        port,
+        datapath: Datapath::Kernel,
+        mtu: 1500,
+    };
+    let mut peers = vec![peer(0, FOLD_LOCAL, FOLD_LOCAL_PORT)];
+    peers.extend((1..FOLD_RANKS as usize).map(|r| peer(r, FOLD_PEER, FOLD_PEER_PORT)));
+    GroupInfo { group: FOLD_GROUP, token: FOLD_TOKEN, peers }
+}
+
+/// Set when a thread of `bench fold` could not be pinned to its CPU.
+static FOLD_UNPINNED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+fn pin_to_cpu(cpu: usize) -> bool {
+    // SAFETY: a zeroed cpu_set_t is empty; CPU_SET stays inside it.
+    unsafe {
+        let mut set: libc::cpu_set_t = std::mem::zeroed();
+        libc::CPU_SET(cpu, &mut set);
+        libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set) == 0
+    }
+}
+
+/// One measurement of one case.
+#[derive(Clone, Copy, Default)]
+struct FoldSample {
+    /// Median kernel time of one contribution's run (both stages), ns:
+    /// robust to a run preempted or interrupted by other work.
+    kernel_p50: f64,
+    /// Mean kernel time of one contribution's run, ns.
+    kernel_ns: f64,
+    /// Wall time of the rounds' concurrent parts per contribution, ns
+    /// (with 2 threads, contributions overlap: throughput, not latency).
+    wall_ns: f64,
+    /// Contributions folded (runs).
+    runs: u64,
+    /// With 2 threads: the part of the rounds' wall time both were running
+    /// their contributions (1 with one thread).
+    overlap: f64,
+}
+
+fn fold_rstat(h: &aggbox_core::testrun::Harness, name: &str) -> Result<u64, String> {
+    let stats = h.reduce_stats().map_err(|e| e.to_string())?;
+    let at = aggbox_core::maps::RSTAT_NAMES.iter().position(|n| *n == name).ok_or("no such counter")?;
+    Ok(stats[at])
+}
+
+/// Folds `rounds` rounds of every sender's contribution into one slot from
+/// `threads` threads pinned to CPUs 0.., checking the slot's sum against
+/// `want` after every round.
+fn fold_case(
+    h: &aggbox_core::testrun::Harness,
+    windows: &aggbox_core::window::Windows,
+    lane: usize,
+    threads: usize,
+    rounds: usize,
+    frames: &[Vec<u8>],
+    own: &[u8],
+    want: &[u8],
+) -> Result<FoldSample, String> {
+    use aggbox_core::{maps::{Prog, RedCtl, FOLD_ADD}, testrun::{test_run_timed, xdp}};
+    use std::sync::{mpsc, Barrier};
+    use std::time::Instant;
+
+    windows.arm_red(&RedCtl {
+        seq: FOLD_SEQ,
+        nchunks: 1,
+        count: (FOLD_BYTES / lane) as u32,
+        dtype: if lane == 4 { 1 } else { 2 },
+        op: 0x10,
+        lane: lane as u8,
+        fold: FOLD_ADD,
+        ranks: FOLD_RANKS,
+        base: 0,
+        stride: 1,
+        chunk_bytes: FOLD_BYTES as u32,
+        owned_last: u32::MAX,
+        ..RedCtl::default()
+    });
+    let fd = h.prog_fd(Prog::XdpIngress).map_err(|e| e.to_string())?;
+    let (folded0, errors0) = (fold_rstat(h, "folded")?, fold_rstat(h, "errors")?);
+    let start = Barrier::new(threads + 1);
+    let end = Barrier::new(threads + 1);
+    let (tx, rx) = mpsc::channel::<(Instant, Instant, Vec<u32>, Option<String>)>();
+    let mut sample = FoldSample::default();
+    let (mut wall_total, mut overlap_total) = (0f64, 0f64);
+    let mut durations: Vec<u32> = Vec::with_capacity(rounds * usize::from(FOLD_SENDERS));
+    let outcome = thread::scope(|scope| {
+        for t in 0..threads {
+            let (start, end, tx) = (&start, &end, tx.clone());
+            scope.spawn(move || {
+                if !pin_to_cpu(t) {
+                    FOLD_UNPINNED.store(true, std::sync::atomic::Ordering::Relaxed);
+                }
+                for _ in 0..rounds {
+                    start.wait();
+                    let mut bad = None;
+                    let mut kernel = Vec::with_capacity(frames.len());
+                    let t0 = Instant::now();
+                    for frame in frames.iter().skip(t).step_by(threads) {
+                        match test_run_timed(fd, frame, 1) {
+                            Ok((run, ns)) if run.retval == xdp::DROP => kernel.push(ns),
+                            Ok((run, _)) => bad = Some(format!("verdict {} (not a fold's drop)", run.retval)),
+                            Err(e) => bad = Some(e.to_string()),
+                        }
+                    }
+                    let t1 = Instant::now();
+                    let _ = tx.send((t0, t1, kernel, bad));
+                    end.wait();
+                }
+            });
+        }
+        drop(tx);
+        let mut got = vec![0u8; FOLD_BYTES];
+        let mut failure = None;
+        for round in 0..rounds {
+            windows.prepare_red(0, FOLD_SEQ, 0, 0, own);
+            start.wait();
+            end.wait();
+            let reports: Vec<_> = rx.try_iter().collect();
+            let first = reports.iter().map(|r| r.0).min().unwrap();
+            let last = reports.iter().map(|r| r.1).max().unwrap();
+            let (last_start, first_end) =
+                (reports.iter().map(|r| r.0).max().unwrap(), reports.iter().map(|r| r.1).min().unwrap());
+            wall_total += (last - first).as_nanos() as f64;
+            overlap_total += first_end.saturating_duration_since(last_start).as_nanos() as f64;
+            for report in &reports {
+                durations.extend_from_slice(&report.2);
+            }
+            if let Some(bad) = reports.iter().find_map(|r| r.3.clone()) {
+                failure.get_or_insert(format!("round {round}: {bad}"));
+            }
+            windows.copy_red(FOLD_SEQ, 0, &mut got);
+            if got != want && failure.is_none() {
+                let at = got.chunks_exact(lane).zip(want.chunks_exact(lane)).position(|(a, b)| a != b).unwrap_or(0);
+                failure = Some(format!("round {round}: the slot's sum is wrong (first at lane {at})"));
+            }
+        }
+        failure
+    });
+    if let Some(failure) = outcome {
+        return Err(format!("fold, {lane}-byte lanes, {threads} thread(s): {failure}"));
+    }
+    let runs = rounds as u64 * u64::from(FOLD_SENDERS);
+    let (folded, errors) = (fold_rstat(h, "folded")? - folded0, fold_rstat(h, "errors")? - errors0);
+    if folded != runs || errors != 0 {
+        return Err(format!("{folded} folds counted of {runs} runs, {errors} errors"));
+    }
+    sample.runs = runs;
+    sample.kernel_ns = durations.iter().map(|&d| f64::from(d)).sum::<f64>() / runs as f64;
+    durations.sort_unstable();
+    sample.kernel_p50 = f64::from(durations[durations.len() / 2]);
+    sample.wall_ns = wall_total / runs as f64;
+    sample.overlap = if wall_total > 0.0 { overlap_total / wall_total } else { 0.0 };
+    Ok(sample)
+}
+
+pub fn fold(rounds: usize, trials: usize) -> Result<(), String> {
+    use aggbox_core::{bpf, maps::Prog, testrun::{test_run_timed, Harness}};
+    let (rounds, trials) = (rounds.max(1), trials.max(1));
+    let load = |object: &[u8], what: &str| -> Result<(Harness, aggbox_core::window::Windows), String> {
+        let mut h = Harness::with_xdp(object).map_err(|e| format!("loading the {what} variant: {e}"))?;
+        let windows = h
+            .register_with_windows(FOLD_LOCAL, FOLD_LOCAL_PORT, &fold_group(), FOLD_CTL)
+            .map_err(|e| e.to_string())?;
+        Ok((h, windows))
+    };
+    let variants = [load(bpf::XDP_INGRESS, "atomics")?, load(bpf::XDP_INGRESS_LOCK, "spin-lock")?];
+    let names = ["atomics", "lock"];
+    let lanes_of = [4usize, 8];
+    let threads_of = [1usize, 2];
+    let cpus = thread::available_parallelism().map(|n| n.get()).unwrap_or(1);
+    // Inputs and references, per lane width.
+    let inputs: Vec<(Vec<Vec<u8>>, Vec<u8>, Vec<u8>)> = lanes_of
+        .iter()
+        .map(|&lane| {
+            let parts: Vec<Vec<u8>> = (0..=FOLD_SENDERS).map(|r| fold_lanes(r, lane)).collect();
+            let frames = (1..=FOLD_SENDERS).map(|r| fold_frame(r, lane, &parts[r as usize])).collect();
+            (frames, parts[0].clone(), fold_reference(&parts, lane))
+        })
+        .collect();
+    // samples[variant][lane][threads]
+    let mut samples = vec![vec![vec![Vec::<FoldSample>::new(); threads_of.len()]; lanes_of.len()]; variants.len()];
+    for _ in 0..trials {
+        for (li, &lane) in lanes_of.iter().enumerate() {
+            for (ti, &threads) in threads_of.iter().enumerate() {
+                if threads > cpus {
+                    continue;
+                }
+                for (vi, (h, windows)) in variants.iter().enumerate() {
+                    let (frames, own, want) = &inputs[li];
+                    let sample = fold_case(h, windows, lane, threads, rounds, frames, own, want)
+                        .map_err(|e| format!("{}: {e}", names[vi]))?;
+                    samples[vi][li][ti].push(sample);
+                }
+            }
+        }
+    }
+    // What a run costs without the fold: a repeat of a folded sender,
+    // dropped before the fold stage (the slot of the last round).
+    let (h, _) = &variants[0];
+    let last = lanes_of.len() - 1;
+    let (run, ns) = test_run_timed(h.prog_fd(Prog::XdpIngress).map_err(|e| e.to_string())?, &inputs[last].0[0], 10_000)
+        .map_err(|e| e.to_string())?;
+    if run.retval != aggbox_core::testrun::xdp::DROP {
+        return Err(format!("the repeat was not dropped as one (verdict {})", run.retval));
+    }
+
+    let kernel = std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap_or_default();
+    println!(
+        "fold: {FOLD_BYTES}-byte contributions folded (SUM) into one reduction slot by XDP ingress, BPF_PROG_TEST_RUN \
+         (repeat 1, one distinct sender per run), {cpus} CPUs, kernel {}",
+        kernel.trim()
+    );
+    println!(
+        "{trials} trials x {rounds} rounds x {FOLD_SENDERS} contributions per case; every round's sum checked against \
+         a plain loop; medians of the trials (min-max)"
+    );
+    println!("kernel p50 / mean: BPF_PROG_TEST_RUN duration of one contribution's run (both stages, on its CPU), ns");
+    println!("wall: wall time of the rounds' runs per contribution, ns (syscalls included; 2 threads overlap: throughput)");
+    println!();
+    println!(
+        "{:<5} {:>7} {:<11} | {:>20} {:>20} | {:>11}",
+        "lanes", "threads", "ns/contrib", "atomics", "lock", "lock/atomics"
+    );
+    let stat = |v: &[FoldSample], f: fn(&FoldSample) -> f64| -> (f64, f64, f64) {
+        let mut xs: Vec<f64> = v.iter().map(f).collect();
+        let lo = xs.iter().copied().fold(f64::INFINITY, f64::min);
+        let hi = xs.iter().copied().fold(0.0, f64::max);
+        (median(&mut xs), lo, hi)
+    };
+    let cell = |(m, lo, hi): (f64, f64, f64)| format!("{m:.0} ({lo:.0}-{hi:.0})");
+    let mut total_runs = 0u64;
+    let metrics: [(&str, fn(&FoldSample) -> f64); 3] =
+        [("kernel p50", |s| s.kernel_p50), ("kernel mean", |s| s.kernel_ns), ("wall", |s| s.wall_ns)];
+    for (li, &lane) in lanes_of.iter().enumerate() {
+        let lanes = if lane == 4 { "i32" } else { "i64" };
+        for (ti, &threads) in threads_of.iter().enumerate() {
+            let (a, l) = (&samples[0][li][ti], &samples[1][li][ti]);
+            if a.is_empty() {
+                println!("{lanes:<5} {threads:>7} skipped: {cpus} CPU(s)");
+                continue;
+            }
+            total_runs += a.iter().chain(l.iter()).map(|s| s.runs).sum::<u64>();
+            for (name, f) in metrics {
+                let (am, lm) = (stat(a, f), stat(l, f));
+                println!("{lanes:<5} {threads:>7} {name:<11} | {:>20} {:>20} | {:>11.2}", cell(am), cell(lm), lm.0 / am.0);
+            }
+            if threads > 1 {
+                let (ao, lo) = (stat(a, |s| s.overlap), stat(l, |s| s.overlap));
+                println!(
+                    "{lanes:<5} {threads:>7} {:<11} | {:>19.0}% {:>19.0}% |",
+                    "overlap",
+                    ao.0 * 100.0,
+                    lo.0 * 100.0
+                );
+            }
+        }
+    }
+    println!();
+    println!("runs folded and checked: {total_runs} ({} per case per trial)", rounds as u64 * u64::from(FOLD_SENDERS));
+    println!(
+        "a run without the fold ({}-byte lanes; a repeat, dropped before the fold stage): {ns} ns (kernel, repeat 10000)",
+        lanes_of[last]
+    );
+    let unpinned = FOLD_UNPINNED.load(std::sync::atomic::Ordering::Relaxed);
+    println!("threads pinned to CPUs 0 and 1: {}", if unpinned { "no (sched_setaffinity failed)" } else { "yes" });
     Ok(())
 }

@@ -77,6 +77,12 @@ pub mod tc {
 
 /// Runs `prog` once on `frame`.
 pub fn test_run(prog: BorrowedFd<'_>, frame: &[u8]) -> Result<TestRun> {
+    test_run_timed(prog, frame, 1).map(|(run, _)| run)
+}
+
+/// Runs `prog` `repeat` times on `frame`; also returns the kernel's mean
+/// time of one run, in ns (its `duration`).
+pub fn test_run_timed(prog: BorrowedFd<'_>, frame: &[u8], repeat: u32) -> Result<(TestRun, u32)> {
     let mut out = vec![0u8; frame.len() + 512];
     let mut attr = TestRunAttr {
         prog_fd: prog.as_raw_fd() as u32,
@@ -84,7 +90,7 @@ pub fn test_run(prog: BorrowedFd<'_>, frame: &[u8]) -> Result<TestRun> {
         data_size_out: out.len() as u32,
         data_in: frame.as_ptr() as u64,
         data_out: out.as_mut_ptr() as u64,
-        repeat: 1,
+        repeat: repeat.max(1),
         ..TestRunAttr::default()
     };
     // SAFETY: attr points at valid in/out buffers of the sizes it gives.
@@ -100,7 +106,7 @@ pub fn test_run(prog: BorrowedFd<'_>, frame: &[u8]) -> Result<TestRun> {
         return Err(Error::system("BPF_PROG_TEST_RUN", io::Error::last_os_error()));
     }
     out.truncate(attr.data_size_out as usize);
-    Ok(TestRun { retval: attr.retval, frame: out })
+    Ok((TestRun { retval: attr.retval, frame: out }, attr.duration))
 }
 
 /// The AggBox programs loaded (not attached) with private shared maps.
@@ -112,6 +118,12 @@ pub struct Harness {
 impl Harness {
     /// Loads XDP ingress, TC ingress and TC egress around one set of maps.
     pub fn new() -> Result<Harness> {
+        Harness::with_xdp(bpf::XDP_INGRESS)
+    }
+
+    /// As [`Harness::new`], with XDP ingress from the object `xdp` (one
+    /// built from `ebpf/xdp_ingress.bpf.c`, e.g. [`bpf::XDP_INGRESS_LOCK`]).
+    pub fn with_xdp(xdp: &[u8]) -> Result<Harness> {
         static NEXT: AtomicU32 = AtomicU32::new(0);
         let dir: PathBuf = loader::bpffs_root()?.join(format!(
             "aggbox-testrun-{}-{}",
@@ -121,7 +133,7 @@ impl Harness {
         std::fs::create_dir_all(&dir).map_err(|e| Error::system("creating a test pin dir", e))?;
         let result = (|| {
             let mut objects = Vec::new();
-            for bytes in [bpf::XDP_INGRESS, bpf::TC_INGRESS, bpf::TC_EGRESS] {
+            for bytes in [xdp, bpf::TC_INGRESS, bpf::TC_EGRESS] {
                 objects.push(loader::load_object(bytes, &dir)?);
             }
             let load = |e: aya::programs::ProgramError| Error::Unsupported(format!("loading: {e}"));
@@ -174,6 +186,12 @@ impl Harness {
 
     /// Runs `prog` on `frame`.
     pub fn run(&self, prog: Prog, frame: &[u8]) -> Result<TestRun> {
+        test_run(self.prog_fd(prog)?, frame)
+    }
+
+    /// The fd of loaded program `prog`, for [`test_run_timed`] (e.g. from
+    /// several threads at once).
+    pub fn prog_fd(&self, prog: Prog) -> Result<BorrowedFd<'_>> {
         let (index, name) = match prog {
             Prog::XdpIngress => (0, bpf::programs::XDP_INGRESS),
             Prog::TcIngress => (1, bpf::programs::TC_INGRESS),
@@ -181,7 +199,7 @@ impl Harness {
         };
         let program = self.objects[index].program(name).expect("program in object");
         let fd = program.fd().map_err(|e| Error::Internal(format!("{name} fd: {e}")))?;
-        test_run(fd.as_fd(), frame)
+        Ok(fd.as_fd())
     }
 
     /// The counters every program keeps.

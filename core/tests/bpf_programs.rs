@@ -643,6 +643,39 @@ fn xdp_folds_contributions_at_the_owner_and_completes_once() {
     assert_eq!(sum, i32_bytes(&want));
 }
 
+/// The spin-lock variant of the fold (`xdp_ingress_lock.bpf.o`, only for
+/// `aggbox bench fold`) still passes the verifier and sums like the
+/// shipped one.
+#[test]
+fn the_spin_lock_fold_variant_loads_and_sums() {
+    use aggbox_core::maps::RedCtl;
+    const THIRD_IP: Ipv4Addr = Ipv4Addr::new(10, 77, 0, 3);
+    const THIRD_PORT: u16 = 47_003;
+    let mut h = Harness::with_xdp(aggbox_core::bpf::XDP_INGRESS_LOCK).unwrap();
+    let mut g = group();
+    g.peers.push(PeerInfo { rank: 2, ipv4: THIRD_IP, mac: [2, 0, 0, 0, 0, 3], port: THIRD_PORT, datapath: Datapath::Kernel, mtu: 1500 });
+    let windows = h.register_with_windows(LOCAL_IP, LOCAL_PORT, &g, CTL).unwrap();
+    let lanes = P / 4;
+    let count = 2 * lanes as u32;
+    windows.arm_red(&RedCtl { seq: 5, nchunks: 2, count, dtype: 1, op: 0x10, lane: 4, ranks: 3, base: 0, stride: 3, chunk_bytes: P as u32, owned_last: u32::MAX, ..RedCtl::default() });
+    let own: Vec<i32> = (0..lanes as i32).map(|i| i * 3 - 1000).collect();
+    let c1: Vec<i32> = (0..lanes as i32).map(|i| i32::MAX - i).collect();
+    let c2: Vec<i32> = (0..lanes as i32).map(|i| i * i - 7).collect();
+    windows.prepare_red(0, 5, 0, 0, &i32_bytes(&own));
+    let mut d1 = red_header(1, 5, 0, 2, count);
+    d1.extend(i32_bytes(&c1));
+    assert_eq!(h.run(Prog::XdpIngress, &inbound(&d1)).unwrap().retval, xdp::DROP, "folded, dropped");
+    let mut d2 = red_header(2, 5, 0, 2, count);
+    d2.extend(i32_bytes(&c2));
+    let out = h.run(Prog::XdpIngress, &udp(THIRD_IP, THIRD_PORT, LOCAL_IP, LOCAL_PORT, &d2)).unwrap();
+    assert_eq!((out.retval, kind_of(&out.frame)), (xdp::PASS, RED_SUM));
+    let mut sum = vec![0u8; P];
+    windows.copy_red(5, 0, &mut sum);
+    let want: Vec<i32> = (0..lanes).map(|i| own[i].wrapping_add(c1[i]).wrapping_add(c2[i])).collect();
+    assert_eq!(sum, i32_bytes(&want));
+    assert_eq!((rstat(&h, "folded"), rstat(&h, "sums"), rstat(&h, "errors")), (2, 1, 0));
+}
+
 const RED_RESULT: u8 = 11;
 const RED_LANDED: u8 = 15;
 
