@@ -1,0 +1,1178 @@
+//! Key-value reduce, the collective a MapReduce shuffle with a
+//! reduce-by-key becomes (docs/KV.md).
+//!
+//! Every rank is a mapper and an owner. [`Comm::kv_begin`] opens an
+//! operation; [`Comm::kv_emit`] takes batches of (key, value) pairs, any
+//! number of times; [`Comm::kv_finish`] (collective) returns the reduced
+//! pairs of the keys this rank owns. A key is owned by rank
+//! [`key_owner`]: the FNV-1a hash of its bytes, mod N.
+//!
+//! A mapper folds the pairs of keys it owns into its own table and packs the
+//! others into one batch per owner (`KV_DATA`, up to the group's chunk size
+//! of pairs). Batches to each owner are numbered 1, 2, … across operations,
+//! at most [`WINDOW`] of them unacknowledged; the owner counts each batch
+//! once (a window of counted numbers per mapper, kept across operations) and
+//! acknowledges it (`KV_ACK`), also when it repeats one already counted; the
+//! mapper sends again the oldest unacknowledged batches on a retransmission
+//! timeout. At finish a mapper tells each owner how many batches it sent it
+//! in this operation (`KV_FIN`), and the owner answers `KV_FIN_ACK` once it
+//! has counted exactly that many from it: a rank returns when every owner
+//! answered it and it answered every mapper, so no pair is lost or counted
+//! twice.
+//!
+//! On the user datapath the owner's table is a hash map in user space (this
+//! module). The kernel datapath (XDP folding into a BPF hash map) is not
+//! built yet: a kernel rank runs the same user-space protocol, and its
+//! datagrams pass the XDP and TC checks (docs/KV.md says what is missing).
+
+use std::time::{Duration, Instant};
+
+use hashbrown::HashTable;
+
+use crate::{
+    comm::{receiver_grace, Backoff, Comm, Received},
+    dtype::Dtype,
+    op::ReduceOp,
+    wire::{seq_at_or_before, Header, Kind, FLAG_MISMATCH, FLAG_RETRANSMIT},
+    Error, Result,
+};
+
+/// The smallest key maximum a [`KvConfig`] may set.
+pub const KEY_MAX_MIN: usize = 32;
+/// The largest key maximum a [`KvConfig`] may set (a pair must fit one
+/// batch datagram of the group's chunk size, too).
+pub const KEY_MAX_LIMIT: usize = 1024;
+/// Bytes of a pair on the wire besides its key: the key's length (u16) and
+/// the value (8 bytes), little-endian.
+pub const PAIR_OVERHEAD: usize = 10;
+/// Batches a mapper keeps unacknowledged per owner (and the size of an
+/// owner's window of counted batch numbers per mapper).
+pub const WINDOW: usize = 256;
+
+/// First retransmission timeout of a mapper's batches.
+const KV_RTO_INITIAL: Duration = Duration::from_millis(4);
+/// The largest.
+const KV_RTO_MAX: Duration = Duration::from_millis(50);
+/// Batches sent again per owner per retransmission timeout, the oldest
+/// first.
+const RESEND_MAX: usize = 64;
+/// Copies of each `KV_ABORT` sent (it is not acknowledged).
+const ABORT_COPIES: usize = 3;
+
+/// The FNV-1a 64-bit hash of `key`: the documented hash that partitions
+/// the keys (docs/KV.md).
+pub fn key_hash(key: &[u8]) -> u64 {
+    let mut hash: u64 = 0xcbf2_9ce4_8422_2325;
+    for &byte in key {
+        hash ^= u64::from(byte);
+        hash = hash.wrapping_mul(0x0100_0000_01b3);
+    }
+    hash
+}
+
+/// The rank of a group of `ranks` that owns `key`: [`key_hash`] mod
+/// `ranks`.
+pub fn key_owner(key: &[u8], ranks: usize) -> usize {
+    (key_hash(key) % ranks as u64) as usize
+}
+
+/// What a key-value reduce does: the same on every rank (the ranks' calls
+/// are checked against each other).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct KvConfig {
+    /// The longest key, in bytes: [`KEY_MAX_MIN`] to [`KEY_MAX_LIMIT`].
+    pub key_max: usize,
+    /// The values' type: [`Dtype::I64`], [`Dtype::U64`] or [`Dtype::F64`].
+    pub dtype: Dtype,
+    /// How values of one key combine: SUM, MIN or MAX.
+    pub op: ReduceOp,
+    /// Most keys the owner's kernel table holds for one operation (the
+    /// kernel datapath; pairs beyond it spill to user space). Not used by
+    /// the user datapath; at least 1.
+    pub kernel_capacity: usize,
+}
+
+impl Default for KvConfig {
+    fn default() -> KvConfig {
+        KvConfig { key_max: 64, dtype: Dtype::I64, op: ReduceOp::Sum, kernel_capacity: 1 << 16 }
+    }
+}
+
+impl KvConfig {
+    /// Checks the configuration against a group whose chunk size is
+    /// `chunk` bytes.
+    pub fn check(&self, chunk: usize) -> Result<()> {
+        if !(KEY_MAX_MIN..=KEY_MAX_LIMIT).contains(&self.key_max) {
+            return Err(Error::InvalidArgument(format!(
+                "key-value reduce: key_max {} is outside {KEY_MAX_MIN}..={KEY_MAX_LIMIT}",
+                self.key_max
+            )));
+        }
+        if self.key_max + PAIR_OVERHEAD > chunk {
+            return Err(Error::InvalidArgument(format!(
+                "key-value reduce: a pair of a {}-byte key does not fit this group's {chunk}-byte datagrams",
+                self.key_max
+            )));
+        }
+        if !matches!(self.dtype, Dtype::I64 | Dtype::U64 | Dtype::F64) {
+            return Err(Error::InvalidArgument(format!(
+                "key-value reduce: values are i64, u64 or f64, not {}",
+                self.dtype
+            )));
+        }
+        if !matches!(self.op, ReduceOp::Sum | ReduceOp::Min | ReduceOp::Max) {
+            return Err(Error::InvalidArgument(format!(
+                "key-value reduce: the op is sum, min or max, not {}",
+                self.op
+            )));
+        }
+        if self.kernel_capacity == 0 {
+            return Err(Error::InvalidArgument("key-value reduce: kernel_capacity is 0".into()));
+        }
+        Ok(())
+    }
+}
+
+/// `op` of two values of `dtype`, as their 64 bits. SUM wraps on integers;
+/// MIN and MAX of f64 propagate NaN (as the reductions do).
+pub fn combine(dtype: Dtype, op: ReduceOp, a: u64, b: u64) -> u64 {
+    match (dtype, op) {
+        (Dtype::F64, _) => {
+            let (x, y) = (f64::from_bits(a), f64::from_bits(b));
+            let r = match op {
+                ReduceOp::Min if x.is_nan() || y.is_nan() => f64::NAN,
+                ReduceOp::Max if x.is_nan() || y.is_nan() => f64::NAN,
+                ReduceOp::Min => if y < x { y } else { x },
+                ReduceOp::Max => if y > x { y } else { x },
+                _ => x + y,
+            };
+            r.to_bits()
+        }
+        (Dtype::I64, ReduceOp::Min) => (a as i64).min(b as i64) as u64,
+        (Dtype::I64, ReduceOp::Max) => (a as i64).max(b as i64) as u64,
+        (_, ReduceOp::Min) => a.min(b),
+        (_, ReduceOp::Max) => a.max(b),
+        _ => a.wrapping_add(b),
+    }
+}
+
+/// Counters of one key-value reduce at this rank.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct KvStats {
+    /// Pairs this rank emitted.
+    pub pairs_emitted: u64,
+    /// Of those, pairs of keys it owns (folded at once, never sent).
+    pub pairs_local: u64,
+    /// Batches sent to owners, first transmissions only.
+    pub batches_sent: u64,
+    /// Batches sent again (not acknowledged in time).
+    pub retransmits: u64,
+    /// Batches received again after they were counted (not folded again).
+    pub duplicates: u64,
+    /// Pairs from other ranks this owner folded in user space.
+    pub pairs_folded_user: u64,
+    /// Pairs the owner's XDP folded into the kernel table (kernel datapath;
+    /// 0 until it is built).
+    pub pairs_folded_kernel: u64,
+    /// Pairs the kernel left to user space (a key longer than the kernel
+    /// key, the kernel table full) and user space merged.
+    pub spilled: u64,
+}
+
+/// The reduced pairs of the keys this rank owns, sorted by key bytes.
+#[derive(Clone, Debug, Default)]
+pub struct KvResult {
+    keys: Vec<u8>,
+    /// Where each key ends in `keys`.
+    ends: Vec<usize>,
+    values: Vec<u64>,
+    dtype: Option<Dtype>,
+    stats: KvStats,
+}
+
+impl KvResult {
+    /// Number of pairs.
+    pub fn len(&self) -> usize {
+        self.values.len()
+    }
+
+    /// Whether there are none.
+    pub fn is_empty(&self) -> bool {
+        self.values.is_empty()
+    }
+
+    /// Pair `i`: its key and its value's 64 bits (of [`KvResult::dtype`]).
+    pub fn get(&self, i: usize) -> Option<(&[u8], u64)> {
+        let value = *self.values.get(i)?;
+        let start = if i == 0 { 0 } else { self.ends[i - 1] };
+        Some((&self.keys[start..self.ends[i]], value))
+    }
+
+    /// Every pair, in order.
+    pub fn iter(&self) -> impl Iterator<Item = (&[u8], u64)> + '_ {
+        (0..self.len()).filter_map(|i| self.get(i))
+    }
+
+    /// The values' type.
+    pub fn dtype(&self) -> Option<Dtype> {
+        self.dtype
+    }
+
+    /// What the operation did at this rank.
+    pub fn stats(&self) -> KvStats {
+        self.stats
+    }
+}
+
+/// One key of the owner's table: where its bytes are in the arena.
+#[derive(Clone, Copy, Debug)]
+struct Slot {
+    hash: u64,
+    start: u32,
+    len: u32,
+    value: u64,
+}
+
+/// The owner's user-space table: an open-addressing hash table of slots
+/// whose keys live in one arena (no allocation per key once grown).
+#[derive(Debug)]
+struct Table {
+    index: HashTable<Slot>,
+    arena: Vec<u8>,
+    dtype: Dtype,
+    op: ReduceOp,
+}
+
+/// Mixes the partition hash for the table: every key of an owner has the
+/// same hash mod N, so its low bits alone would crowd the buckets.
+fn table_hash(key: &[u8]) -> u64 {
+    let mut z = key_hash(key);
+    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+    z ^ (z >> 31)
+}
+
+impl Table {
+    fn new(dtype: Dtype, op: ReduceOp) -> Table {
+        Table { index: HashTable::new(), arena: Vec::new(), dtype, op }
+    }
+
+    /// Folds `value` into `key`'s entry (made when it is new).
+    fn fold(&mut self, key: &[u8], value: u64) {
+        let hash = table_hash(key);
+        let arena = &self.arena;
+        let found = self.index.find_mut(hash, |s| s.hash == hash && &arena[s.start as usize..][..s.len as usize] == key);
+        match found {
+            Some(slot) => slot.value = combine(self.dtype, self.op, slot.value, value),
+            None => {
+                let start = self.arena.len() as u32;
+                self.arena.extend_from_slice(key);
+                let slot = Slot { hash, start, len: key.len() as u32, value };
+                self.index.insert_unique(hash, slot, |s| s.hash);
+            }
+        }
+    }
+
+    /// The pairs, sorted by key.
+    fn into_result(self, stats: KvStats) -> KvResult {
+        let arena = self.arena;
+        let mut slots: Vec<Slot> = self.index.into_iter().collect();
+        slots.sort_unstable_by(|a, b| arena[a.start as usize..][..a.len as usize].cmp(&arena[b.start as usize..][..b.len as usize]));
+        let mut keys = Vec::with_capacity(arena.len());
+        let mut ends = Vec::with_capacity(slots.len());
+        let mut values = Vec::with_capacity(slots.len());
+        for slot in &slots {
+            keys.extend_from_slice(&arena[slot.start as usize..][..slot.len as usize]);
+            ends.push(keys.len());
+            values.push(slot.value);
+        }
+        KvResult { keys, ends, values, dtype: Some(self.dtype), stats }
+    }
+}
+
+/// Which batch numbers from one mapper an owner has counted: every number
+/// below `base`, and those marked in the ring above it.
+#[derive(Clone, Debug)]
+struct Counted {
+    base: u32,
+    ring: Vec<bool>,
+}
+
+impl Counted {
+    fn new() -> Counted {
+        Counted { base: 1, ring: vec![false; WINDOW] }
+    }
+
+    /// Whether batch `b` was counted; `None` when it lies beyond the window
+    /// (a mapper keeps to its window, so it cannot come yet).
+    fn has(&self, b: u32) -> Option<bool> {
+        if seq_at_or_before(self.base, b) {
+            let ahead = b.wrapping_sub(self.base) as usize;
+            (ahead < WINDOW).then(|| self.ring[b as usize % WINDOW])
+        } else {
+            Some(true)
+        }
+    }
+
+    /// Marks batch `b` (inside the window, not counted) as counted.
+    fn mark(&mut self, b: u32) {
+        self.ring[b as usize % WINDOW] = true;
+        while self.ring[self.base as usize % WINDOW] {
+            self.ring[self.base as usize % WINDOW] = false;
+            self.base = self.base.wrapping_add(1);
+        }
+    }
+}
+
+/// What key-value reduce keeps in the communicator between operations.
+pub(crate) struct KvState {
+    /// Sequence number of the last operation begun.
+    seq: u32,
+    /// The last operation that completed here, and its configuration (a
+    /// repeat of its `KV_FIN` is answered).
+    last_done: Option<u32>,
+    /// Per owner: the next batch number to send it (1, 2, …).
+    next_batch: Vec<u32>,
+    /// Per mapper: the batch numbers counted from it.
+    counted: Vec<Counted>,
+    /// The open operation.
+    op: Option<Box<KvOp>>,
+}
+
+impl KvState {
+    pub(crate) fn new(ranks: usize) -> KvState {
+        KvState {
+            seq: 0,
+            last_done: None,
+            next_batch: vec![1; ranks],
+            counted: vec![Counted::new(); ranks],
+            op: None,
+        }
+    }
+}
+
+/// One mapper's stream of batches to one owner in the open operation.
+#[derive(Debug)]
+struct Stream {
+    /// The first batch number of this operation.
+    first: u32,
+    /// The lowest batch number not acknowledged.
+    low: u32,
+    /// The batch being filled (sealed ones are below it).
+    next: u32,
+    /// Bytes and pairs in the batch being filled.
+    fill: usize,
+    pairs: u32,
+    /// Per ring slot: acknowledged, pairs, bytes.
+    acked: Vec<bool>,
+    slot_pairs: Vec<u32>,
+    slot_len: Vec<usize>,
+    /// `KV_FIN_ACK` came.
+    fin_acked: bool,
+    /// Owner side: the batches this mapper announced, and how many were
+    /// counted in this operation.
+    announced: Option<u32>,
+    counted: u32,
+}
+
+/// The open operation.
+pub(crate) struct KvOp {
+    seq: u32,
+    config: KvConfig,
+    table: Table,
+    /// Per rank (as owner and as mapper).
+    streams: Vec<Stream>,
+    /// The batches, `WINDOW` slots of `chunk` bytes per owner.
+    out: Vec<u8>,
+    chunk: usize,
+    /// Per rank: when a datagram of this operation last came from it.
+    heard: Vec<Instant>,
+    /// Finish started: every batch is sealed and FINs are out.
+    finishing: bool,
+    /// An abort that came while another call served this one: (blamed,
+    /// mismatch, sender).
+    aborted: Option<(usize, bool, usize)>,
+    stats: KvStats,
+    backoff: Backoff,
+}
+
+impl KvOp {
+    /// Where the ring slot of batch `b` to `owner` starts in `out`.
+    fn slot_at(&self, owner: usize, b: u32) -> usize {
+        (owner * WINDOW + b as usize % WINDOW) * self.chunk
+    }
+
+    /// The `op` byte of this operation's headers.
+    fn op_code(&self) -> u8 {
+        self.config.op.code()
+    }
+
+    fn name(&self) -> String {
+        format!("key-value reduce #{}", self.seq)
+    }
+
+    fn describe(&self) -> String {
+        format!(
+            "key-value reduce of {} values, op {}, keys up to {} bytes",
+            self.config.dtype, self.config.op, self.config.key_max
+        )
+    }
+}
+
+impl Comm {
+    /// Opens a key-value reduce (collective: every rank opens it, with the
+    /// same `config`, in the same order as its other collectives). Fails
+    /// with [`Error::InvalidArgument`] when `config` is unusable or an
+    /// operation is already open on this communicator; nothing is sent.
+    pub fn kv_begin(&mut self, config: &KvConfig) -> Result<()> {
+        config.check(self.chunk)?;
+        if self.kv.op.is_some() {
+            return Err(Error::InvalidArgument(
+                "key-value reduce: one is already open on this communicator (finish it first)".into(),
+            ));
+        }
+        let n = self.size();
+        let seq = self.kv.seq.wrapping_add(1);
+        self.kv.seq = seq;
+        let now = Instant::now();
+        let streams = (0..n)
+            .map(|o| {
+                let first = self.kv.next_batch[o];
+                Stream {
+                    first,
+                    low: first,
+                    next: first,
+                    fill: 0,
+                    pairs: 0,
+                    acked: vec![false; WINDOW],
+                    slot_pairs: vec![0; WINDOW],
+                    slot_len: vec![0; WINDOW],
+                    fin_acked: o == self.rank(),
+                    announced: None,
+                    counted: 0,
+                }
+            })
+            .collect();
+        self.kv.op = Some(Box::new(KvOp {
+            seq,
+            config: *config,
+            table: Table::new(config.dtype, config.op),
+            streams,
+            out: vec![0; n * WINDOW * self.chunk],
+            chunk: self.chunk,
+            heard: vec![now; n],
+            finishing: false,
+            aborted: None,
+            stats: KvStats::default(),
+            backoff: Backoff::starting(KV_RTO_INITIAL, KV_RTO_MAX),
+        }));
+        Ok(())
+    }
+
+    /// Whether a key-value reduce is open on this communicator.
+    pub fn kv_is_open(&self) -> bool {
+        self.kv.op.is_some()
+    }
+
+    /// Emits `key_lens.len()` pairs into the open key-value reduce: key `i`
+    /// is the next `key_lens[i]` bytes of `keys` (concatenated), its value
+    /// `values[i]` (the 64 bits of the configured type). Any number of
+    /// times, on any rank, between [`Comm::kv_begin`] and
+    /// [`Comm::kv_finish`].
+    ///
+    /// Fails with [`Error::InvalidArgument`], emitting nothing of the
+    /// batch, when no operation is open, `values` and `key_lens` differ in
+    /// length, a key is empty or longer than the configured maximum, or the
+    /// lengths do not add up to `keys.len()`. It may also fail as the
+    /// collective does ([`Error::PeerFailed`], a mismatch), which closes the
+    /// operation.
+    pub fn kv_emit(&mut self, keys: &[u8], key_lens: &[u32], values: &[u64]) -> Result<()> {
+        let Some(op) = self.kv.op.as_ref() else {
+            return Err(Error::InvalidArgument("key-value emit: no key-value reduce is open (call begin first)".into()));
+        };
+        if op.finishing {
+            return Err(Error::InvalidArgument("key-value emit: the operation is finishing".into()));
+        }
+        if key_lens.len() != values.len() {
+            return Err(Error::InvalidArgument(format!(
+                "key-value emit: {} key lengths but {} values",
+                key_lens.len(),
+                values.len()
+            )));
+        }
+        let key_max = op.config.key_max;
+        let mut total = 0usize;
+        for (i, &len) in key_lens.iter().enumerate() {
+            if len == 0 || len as usize > key_max {
+                return Err(Error::InvalidArgument(format!(
+                    "key-value emit: key {i} has {len} bytes; keys have 1 to {key_max} (the configured key_max)"
+                )));
+            }
+            total += len as usize;
+        }
+        if total != keys.len() {
+            return Err(Error::InvalidArgument(format!(
+                "key-value emit: the key lengths add up to {total} bytes but keys has {}",
+                keys.len()
+            )));
+        }
+        let result = self.kv_emit_checked(keys, key_lens, values);
+        self.kv_close_on_error(result)
+    }
+
+    fn kv_emit_checked(&mut self, keys: &[u8], key_lens: &[u32], values: &[u64]) -> Result<()> {
+        let n = self.size();
+        let me = self.rank();
+        let mut at = 0usize;
+        for (&len, &value) in key_lens.iter().zip(values) {
+            let key = &keys[at..at + len as usize];
+            at += len as usize;
+            let owner = key_owner(key, n);
+            let op = self.kv.op.as_mut().expect("open");
+            op.stats.pairs_emitted += 1;
+            if owner == me {
+                op.stats.pairs_local += 1;
+                op.table.fold(key, value);
+                continue;
+            }
+            let need = PAIR_OVERHEAD + key.len();
+            if op.streams[owner].fill + need > op.chunk {
+                self.kv_seal(owner)?;
+            }
+            let op = self.kv.op.as_mut().expect("open");
+            let stream = &op.streams[owner];
+            let start = op.slot_at(owner, stream.next) + stream.fill;
+            let pair = &mut op.out[start..start + need];
+            pair[..2].copy_from_slice(&(key.len() as u16).to_le_bytes());
+            pair[2..10].copy_from_slice(&value.to_le_bytes());
+            pair[10..].copy_from_slice(key);
+            let stream = &mut op.streams[owner];
+            stream.fill += need;
+            stream.pairs += 1;
+        }
+        self.kv_flush_data()?;
+        // Take what came meanwhile (acknowledgments, others' batches),
+        // without waiting.
+        self.kv_progress(Instant::now())
+    }
+
+    /// Seals the batch being filled for `owner` and queues it; waits for
+    /// acknowledgments first while the window to `owner` is full.
+    fn kv_seal(&mut self, owner: usize) -> Result<()> {
+        loop {
+            let op = self.kv.op.as_ref().expect("open");
+            let stream = &op.streams[owner];
+            // The ring holds batches low..=next (next is being filled):
+            // the one after it needs a free slot.
+            if (stream.next.wrapping_sub(stream.low) as usize) + 1 < WINDOW {
+                break;
+            }
+            // The window is full: the oldest batch is not acknowledged yet.
+            let due = op.backoff.due();
+            self.kv_flush_data()?;
+            self.kv_progress(due)?;
+            if self.kv.op.as_mut().expect("open").backoff.fire() {
+                let timeout = self.timeout();
+                self.kv_check_silent(timeout, timeout + receiver_grace(timeout))?;
+                self.kv_resend()?;
+            }
+        }
+        let header = self.kv_header(Kind::KvData);
+        let op = self.kv.op.as_mut().expect("open");
+        let stream = &mut op.streams[owner];
+        let b = stream.next;
+        let slot = b as usize % WINDOW;
+        stream.acked[slot] = false;
+        stream.slot_pairs[slot] = stream.pairs;
+        stream.slot_len[slot] = stream.fill;
+        stream.next = b.wrapping_add(1);
+        stream.fill = 0;
+        stream.pairs = 0;
+        op.stats.batches_sent += 1;
+        self.kv.next_batch[owner] = b.wrapping_add(1);
+        self.kv_queue_batch(header, owner, b, false)
+    }
+
+    /// Queues batch `b` to `owner` (its bytes in the ring), flushing when
+    /// the transport's batch is full.
+    fn kv_queue_batch(&mut self, mut header: Header, owner: usize, b: u32, again: bool) -> Result<()> {
+        let op = self.kv.op.as_ref().expect("open");
+        let slot = b as usize % WINDOW;
+        let start = op.slot_at(owner, b);
+        header.chunk = b;
+        header.count = op.streams[owner].slot_pairs[slot];
+        if again {
+            header.flags |= FLAG_RETRANSMIT;
+        }
+        let range = start..start + op.streams[owner].slot_len[slot];
+        if self.transport.queue(&header, range, self.group.peers[owner].addr()) {
+            self.kv_flush_data()?;
+        }
+        Ok(())
+    }
+
+    /// Sends what the transport queued, the payloads from the batch ring.
+    fn kv_flush_data(&mut self) -> Result<()> {
+        let out: &[u8] = self.kv.op.as_ref().map_or(&[], |op| &op.out);
+        let sent = self.transport.flush(out)?;
+        self.user_stats.packets_sent += sent as u64;
+        Ok(())
+    }
+
+    /// A header of the open operation.
+    fn kv_header(&self, kind: Kind) -> Header {
+        let op = self.kv.op.as_ref().expect("open");
+        let mut header = self.header(kind, op.seq);
+        header.dtype = op.config.dtype.code();
+        header.op = op.op_code();
+        header.nchunks = op.config.key_max as u32;
+        header
+    }
+
+    /// Closes the open operation when `result` is an error.
+    fn kv_close_on_error<T>(&mut self, result: Result<T>) -> Result<T> {
+        if result.is_err() {
+            self.kv.op = None;
+        }
+        result
+    }
+
+    /// Ends the open key-value reduce (collective) and returns the reduced
+    /// pairs of the keys this rank owns. It returns once this rank has
+    /// counted every batch each mapper says it sent it, and every owner
+    /// has counted every batch this rank sent it. Fails with
+    /// [`Error::PeerFailed`] naming a rank that stopped answering within
+    /// the timeout, with [`Error::Mismatch`] on every rank when the ranks'
+    /// configurations disagree, and with [`Error::InvalidArgument`] when no
+    /// operation is open. The operation is closed either way.
+    pub fn kv_finish(&mut self) -> Result<KvResult> {
+        if self.kv.op.is_none() {
+            return Err(Error::InvalidArgument(
+                "key-value finish: no key-value reduce is open (call begin first; a failed emit closes it)".into(),
+            ));
+        }
+        let result = self.kv_finish_open();
+        let result = self.kv_close_on_error(result)?;
+        Ok(result)
+    }
+
+    fn kv_finish_open(&mut self) -> Result<KvResult> {
+        let n = self.size();
+        let me = self.rank();
+        // Seal what is left, then tell every owner how many batches it got.
+        for owner in (0..n).filter(|&o| o != me) {
+            if self.kv.op.as_ref().expect("open").streams[owner].fill > 0 {
+                self.kv_seal(owner)?;
+            }
+        }
+        self.kv_flush_data()?;
+        self.kv.op.as_mut().expect("open").finishing = true;
+        self.kv_send_fins(false)?;
+        let timeout = self.timeout();
+        let silence = timeout + receiver_grace(timeout);
+        loop {
+            self.kv_check_abort()?;
+            if self.kv_complete() {
+                break;
+            }
+            let due = self.kv.op.as_ref().expect("open").backoff.due();
+            self.kv_progress(due)?;
+            if self.kv.op.as_mut().expect("open").backoff.fire() {
+                self.kv_check_silent(timeout, silence)?;
+                self.kv_resend()?;
+                self.kv_send_fins(true)?;
+            }
+        }
+        self.flush_queued()?;
+        let op = self.kv.op.take().expect("open");
+        self.kv.last_done = Some(op.seq);
+        let stats = op.stats;
+        Ok(op.table.into_result(stats))
+    }
+
+    /// Whether the open operation is complete at this rank.
+    fn kv_complete(&self) -> bool {
+        let op = self.kv.op.as_ref().expect("open");
+        let me = self.rank();
+        op.streams.iter().enumerate().all(|(r, s)| r == me || (s.fin_acked && s.announced == Some(s.counted)))
+    }
+
+    /// Sends `KV_FIN` to every owner that has not answered it.
+    fn kv_send_fins(&mut self, again: bool) -> Result<()> {
+        let mut header = self.kv_header(Kind::KvFin);
+        if again {
+            header.flags |= FLAG_RETRANSMIT;
+        }
+        let me = self.rank();
+        for owner in 0..self.size() {
+            let stream = &self.kv.op.as_ref().expect("open").streams[owner];
+            if owner == me || stream.fin_acked {
+                continue;
+            }
+            header.count = stream.next.wrapping_sub(stream.first);
+            self.queue_control(&header, owner)?;
+        }
+        self.flush_queued()
+    }
+
+    /// Sends again, per owner, the oldest batches not acknowledged.
+    fn kv_resend(&mut self) -> Result<()> {
+        let header = self.kv_header(Kind::KvData);
+        let me = self.rank();
+        for owner in (0..self.size()).filter(|&o| o != me) {
+            let op = self.kv.op.as_ref().expect("open");
+            let stream = &op.streams[owner];
+            if stream.fin_acked {
+                continue;
+            }
+            let (low, next) = (stream.low, stream.next);
+            let mut resent = 0;
+            let mut b = low;
+            while b != next && resent < RESEND_MAX {
+                let acked = self.kv.op.as_ref().expect("open").streams[owner].acked[b as usize % WINDOW];
+                if !acked {
+                    self.kv_queue_batch(header, owner, b, true)?;
+                    resent += 1;
+                }
+                b = b.wrapping_add(1);
+            }
+            let op = self.kv.op.as_mut().expect("open");
+            op.stats.retransmits += resent as u64;
+            self.user_stats.retransmits += resent as u64;
+        }
+        self.kv_flush_data()
+    }
+
+    /// Fails when a rank this one waits for has been silent too long: a
+    /// mapper whose batches are not all counted for the timeout, an owner
+    /// that has not counted this rank's for the timeout and a grace (it may
+    /// itself be waiting for someone, and will say so).
+    fn kv_check_silent(&mut self, timeout: Duration, silence: Duration) -> Result<()> {
+        let now = Instant::now();
+        let me = self.rank();
+        let op = self.kv.op.as_ref().expect("open");
+        let mut blamed = None;
+        for (r, s) in op.streams.iter().enumerate().filter(|(r, _)| *r != me) {
+            let quiet = now.duration_since(op.heard[r]);
+            if s.announced != Some(s.counted) && quiet >= timeout {
+                blamed = Some((r, "its batches did not all come"));
+                break;
+            }
+        }
+        if blamed.is_none() {
+            for (r, s) in op.streams.iter().enumerate().filter(|(r, _)| *r != me) {
+                let waiting = !s.fin_acked && (op.finishing || s.low != s.next);
+                if waiting && now.duration_since(op.heard[r]) >= silence {
+                    blamed = Some((r, "it did not acknowledge this rank's batches"));
+                    break;
+                }
+            }
+        }
+        let Some((rank, why)) = blamed else { return Ok(()) };
+        let name = op.name();
+        self.kv_abort(rank, false)?;
+        Err(Error::PeerFailed {
+            rank,
+            what: format!("{name}: {why} within {} ms (rank {me} gave up)", timeout.as_millis()),
+        })
+    }
+
+    /// Tells every other rank that the open operation failed because of
+    /// `blamed`.
+    fn kv_abort(&mut self, blamed: usize, mismatch: bool) -> Result<()> {
+        let mut header = self.kv_header(Kind::KvAbort);
+        header.count = blamed as u32;
+        if mismatch {
+            header.flags |= FLAG_MISMATCH;
+        }
+        let me = self.rank();
+        for _ in 0..ABORT_COPIES {
+            for rank in (0..self.size()).filter(|&r| r != me) {
+                self.queue_control(&header, rank)?;
+            }
+        }
+        self.flush_queued()
+    }
+
+    /// Fails if an abort of the open operation came.
+    fn kv_check_abort(&mut self) -> Result<()> {
+        let op = self.kv.op.as_ref().expect("open");
+        let Some((blamed, mismatch, sender)) = op.aborted else { return Ok(()) };
+        Err(if mismatch {
+            Error::Mismatch(format!(
+                "{}: the ranks' calls disagree (rank {blamed} found it; rank {sender} said so); rank {} called {}",
+                op.name(),
+                self.rank(),
+                op.describe()
+            ))
+        } else {
+            Error::PeerFailed {
+                rank: blamed,
+                what: format!("{}: rank {sender} gave up on it because rank {blamed} failed", op.name()),
+            }
+        })
+    }
+
+    /// Handles what arrives until `deadline` (at least what is queued on
+    /// the socket already), then fails if an abort came.
+    fn kv_progress(&mut self, deadline: Instant) -> Result<()> {
+        let mut until = deadline;
+        loop {
+            match self.recv_valid(until)? {
+                Some(got) => {
+                    let progress = match got.kind {
+                        Kind::KvData | Kind::KvAck | Kind::KvFin | Kind::KvFinAck | Kind::KvAbort => self.kv_on(&got)?,
+                        _ => {
+                            self.serve_stale(&got)?;
+                            false
+                        }
+                    };
+                    if progress {
+                        if let Some(op) = self.kv.op.as_mut() {
+                            op.backoff = Backoff::starting(KV_RTO_INITIAL, KV_RTO_MAX);
+                        }
+                    }
+                }
+                None => break,
+            }
+            // Then what else is queued already, without waiting.
+            until = Instant::now();
+        }
+        self.flush_queued()?;
+        if self.kv.op.is_some() {
+            self.kv_check_abort()?;
+        }
+        Ok(())
+    }
+
+    /// A key-value datagram outside the key-value calls (another
+    /// collective, or closing, is receiving): handled the same way.
+    pub(crate) fn serve_stale_kv(&mut self, got: &Received) -> Result<bool> {
+        self.kv_on(got)?;
+        Ok(true)
+    }
+
+    /// Handles a key-value datagram; returns whether it was progress of
+    /// the open operation. An abort of it is recorded (and raised by the
+    /// caller, [`Comm::kv_check_abort`]).
+    fn kv_on(&mut self, got: &Received) -> Result<bool> {
+        let header = got.header;
+        let sender = header.sender as usize;
+        let open = self.kv.op.as_ref().map(|op| op.seq);
+        let current = open == Some(header.seq);
+        if current {
+            self.kv.op.as_mut().expect("open").heard[sender] = Instant::now();
+            if got.kind != Kind::KvAbort {
+                self.kv_check(&header)?;
+            }
+        }
+        match got.kind {
+            Kind::KvData => self.kv_on_data(got, current),
+            Kind::KvAck if current => {
+                let op = self.kv.op.as_mut().expect("open");
+                let stream = &mut op.streams[sender];
+                let b = header.chunk;
+                let inside = seq_at_or_before(stream.low, b) && !seq_at_or_before(stream.next, b);
+                if !inside || stream.acked[b as usize % WINDOW] {
+                    self.user_stats.duplicates += 1;
+                    return Ok(false);
+                }
+                stream.acked[b as usize % WINDOW] = true;
+                while stream.low != stream.next && stream.acked[stream.low as usize % WINDOW] {
+                    stream.low = stream.low.wrapping_add(1);
+                }
+                Ok(true)
+            }
+            Kind::KvFin if current => {
+                let op = self.kv.op.as_mut().expect("open");
+                let stream = &mut op.streams[sender];
+                stream.announced = Some(header.count);
+                if stream.counted == header.count {
+                    self.kv_send_fin_ack(&header, sender)?;
+                }
+                Ok(true)
+            }
+            Kind::KvFin => {
+                // A repeat for an operation completed here (its answer was
+                // lost): answer again. One not begun yet: it comes again.
+                if self.kv.last_done.is_some_and(|done| seq_at_or_before(header.seq, done)) {
+                    self.user_stats.duplicates += 1;
+                    self.kv_send_fin_ack(&header, sender)?;
+                }
+                Ok(false)
+            }
+            Kind::KvFinAck if current => {
+                let stream = &mut self.kv.op.as_mut().expect("open").streams[sender];
+                if stream.fin_acked {
+                    self.user_stats.duplicates += 1;
+                    return Ok(false);
+                }
+                stream.fin_acked = true;
+                Ok(true)
+            }
+            Kind::KvAbort if current => {
+                let op = self.kv.op.as_mut().expect("open");
+                if op.aborted.is_none() {
+                    op.aborted = Some((header.count as usize, header.flags & FLAG_MISMATCH != 0, sender));
+                }
+                Ok(true)
+            }
+            _ => Ok(false),
+        }
+    }
+
+    /// Checks a datagram of the open operation against it: on a mismatch,
+    /// tells every rank and fails.
+    fn kv_check(&mut self, header: &Header) -> Result<()> {
+        let op = self.kv.op.as_ref().expect("open");
+        let ours = (op.config.dtype.code(), op.op_code(), op.config.key_max as u32);
+        let theirs = (header.dtype, header.op, header.nchunks);
+        if ours == theirs {
+            return Ok(());
+        }
+        let what = format!(
+            "{}: rank {} sent dtype code {}, op code {}, key_max {}; rank {} called {}: mismatched collective calls",
+            op.name(),
+            header.sender,
+            header.dtype,
+            header.op,
+            header.nchunks,
+            self.rank(),
+            op.describe()
+        );
+        self.kv_abort(self.rank(), true)?;
+        Err(Error::Mismatch(what))
+    }
+
+    /// A batch: counted and folded once, acknowledged every time it
+    /// comes once counted.
+    fn kv_on_data(&mut self, got: &Received, current: bool) -> Result<bool> {
+        let header = got.header;
+        let mapper = header.sender as usize;
+        let b = header.chunk;
+        match self.kv.counted[mapper].has(b) {
+            Some(true) => {
+                // Counted before; its acknowledgment was lost.
+                self.user_stats.duplicates += 1;
+                if let Some(op) = self.kv.op.as_mut() {
+                    op.stats.duplicates += 1;
+                }
+                self.kv_send_ack(&header, mapper)?;
+                return Ok(false);
+            }
+            // Beyond the window, or of an operation not open here: it
+            // comes again.
+            None => return Ok(false),
+            Some(false) if !current => return Ok(false),
+            Some(false) => {}
+        }
+        let payload = match self.transport.datagram(got.slot) {
+            Some(datagram) => &datagram.bytes[crate::wire::HDR_LEN..],
+            None => &[],
+        };
+        let op = self.kv.op.as_mut().expect("open");
+        let Some(pairs) = fold_batch(&mut op.table, payload, header.count, op.config.key_max) else {
+            tracing::debug!(mapper, batch = b, "a malformed key-value batch");
+            self.user_stats.dropped_malformed += 1;
+            return Ok(false);
+        };
+        op.stats.pairs_folded_user += pairs;
+        let stream = &mut op.streams[mapper];
+        stream.counted += 1;
+        let finished = stream.announced == Some(stream.counted);
+        self.kv.counted[mapper].mark(b);
+        self.kv_send_ack(&header, mapper)?;
+        if finished {
+            let fin = self.kv_header(Kind::KvFin);
+            self.kv_send_fin_ack(&fin, mapper)?;
+        }
+        Ok(true)
+    }
+
+    /// Queues `KV_ACK` of the batch of `data` to its mapper.
+    fn kv_send_ack(&mut self, data: &Header, mapper: usize) -> Result<()> {
+        let mut header = self.header(Kind::KvAck, data.seq);
+        header.dtype = data.dtype;
+        header.op = data.op;
+        header.nchunks = data.nchunks;
+        header.chunk = data.chunk;
+        self.queue_control(&header, mapper)
+    }
+
+    /// Queues `KV_FIN_ACK` of operation `fin.seq` to `mapper`.
+    fn kv_send_fin_ack(&mut self, fin: &Header, mapper: usize) -> Result<()> {
+        let mut header = self.header(Kind::KvFinAck, fin.seq);
+        header.dtype = fin.dtype;
+        header.op = fin.op;
+        header.nchunks = fin.nchunks;
+        self.queue_control(&header, mapper)
+    }
+}
+
+/// Folds the `count` pairs of a batch's `payload` into `table`; returns
+/// how many, or `None` (nothing folded) when the payload is not `count`
+/// well-formed pairs of keys of 1 to `key_max` bytes.
+fn fold_batch(table: &mut Table, payload: &[u8], count: u32, key_max: usize) -> Option<u64> {
+    // Checked whole first, so a malformed batch folds nothing.
+    let mut at = 0;
+    for _ in 0..count {
+        let len = u16::from_le_bytes(payload.get(at..at + 2)?.try_into().ok()?) as usize;
+        if len == 0 || len > key_max {
+            return None;
+        }
+        at += PAIR_OVERHEAD + len;
+        if at > payload.len() {
+            return None;
+        }
+    }
+    if at != payload.len() {
+        return None;
+    }
+    let mut at = 0;
+    for _ in 0..count {
+        let len = u16::from_le_bytes([payload[at], payload[at + 1]]) as usize;
+        let value = u64::from_le_bytes(payload[at + 2..at + 10].try_into().expect("8 bytes"));
+        table.fold(&payload[at + 10..at + 10 + len], value);
+        at += PAIR_OVERHEAD + len;
+    }
+    Some(u64::from(count))
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::HashMap;
+
+    use super::*;
+    use crate::comm::testing::ranks;
+
+    /// splitmix64.
+    fn mix(mut z: u64) -> u64 {
+        z = z.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^ (z >> 31)
+    }
+
+    /// Rank `rank`'s pairs: `count` keys drawn from `distinct`, of 1 to 40
+    /// bytes.
+    fn pairs(rank: usize, count: usize, distinct: u64) -> (Vec<u8>, Vec<u32>, Vec<u64>) {
+        let (mut keys, mut lens, mut values) = (Vec::new(), Vec::new(), Vec::new());
+        for i in 0..count {
+            let h = mix((rank as u64) << 32 | i as u64);
+            let id = h % distinct;
+            let key = format!("k{id}-{}", "x".repeat((mix(id) % 34) as usize));
+            keys.extend_from_slice(key.as_bytes());
+            lens.push(key.len() as u32);
+            values.push(h >> 40);
+        }
+        (keys, lens, values)
+    }
+
+    #[test]
+    fn fnv1a_is_the_documented_hash() {
+        assert_eq!(key_hash(b""), 0xcbf2_9ce4_8422_2325);
+        assert_eq!(key_hash(b"a"), 0xaf63_dc4c_8601_ec8c);
+        assert_eq!(key_hash(b"foobar"), 0x8594_4171_f739_67e8);
+    }
+
+    #[test]
+    fn counted_window_dedups_across_its_wrap() {
+        let mut c = Counted::new();
+        assert_eq!(c.has(1), Some(false));
+        c.mark(2);
+        assert_eq!(c.has(2), Some(true));
+        assert_eq!(c.base, 1);
+        c.mark(1);
+        assert_eq!(c.base, 3);
+        assert_eq!(c.has(1), Some(true));
+        assert_eq!(c.has(3 + WINDOW as u32), None);
+        for b in 3..3 + 10 * WINDOW as u32 {
+            assert_eq!(c.has(b), Some(false));
+            c.mark(b);
+        }
+        assert_eq!(c.base, 3 + 10 * WINDOW as u32);
+    }
+
+    #[test]
+    fn sum_min_max_on_three_loopback_ranks_match_a_plain_loop() {
+        let n = 3;
+        let results = ranks(n, 29_661, 10_000, move |rank, comm| {
+            let mut out = Vec::new();
+            for (op, dtype) in [(ReduceOp::Sum, Dtype::I64), (ReduceOp::Min, Dtype::I64), (ReduceOp::Max, Dtype::U64)] {
+                let config = KvConfig { dtype, op, ..KvConfig::default() };
+                comm.kv_begin(&config).unwrap();
+                let (keys, lens, values) = pairs(rank, 20_000, 3_000);
+                // In a few emits of different sizes.
+                let (mut k, mut v) = (0, 0);
+                for step in [1, 999, 5000, 14_000] {
+                    let bytes: usize = lens[v..v + step].iter().map(|&l| l as usize).sum();
+                    comm.kv_emit(&keys[k..k + bytes], &lens[v..v + step], &values[v..v + step]).unwrap();
+                    k += bytes;
+                    v += step;
+                }
+                let result = comm.kv_finish().unwrap();
+                let got: HashMap<Vec<u8>, u64> = result.iter().map(|(k, v)| (k.to_vec(), v)).collect();
+                out.push((op, dtype, got, result.stats()));
+            }
+            out
+        });
+        for (case, (op, dtype)) in [(ReduceOp::Sum, Dtype::I64), (ReduceOp::Min, Dtype::I64), (ReduceOp::Max, Dtype::U64)].into_iter().enumerate() {
+            let mut want: HashMap<Vec<u8>, u64> = HashMap::new();
+            for rank in 0..n {
+                let (keys, lens, values) = pairs(rank, 20_000, 3_000);
+                let mut at = 0;
+                for (len, value) in lens.iter().zip(values) {
+                    let key = keys[at..at + *len as usize].to_vec();
+                    at += *len as usize;
+                    want.entry(key).and_modify(|v| *v = combine(dtype, op, *v, value)).or_insert(value);
+                }
+            }
+            let mut seen = 0;
+            for (rank, result) in results.iter().enumerate() {
+                let (_, _, got, stats) = &result[case];
+                for (key, value) in got {
+                    assert_eq!(key_owner(key, n), rank, "owned here");
+                    assert_eq!(want.get(key), Some(value), "{op} of {:?}", String::from_utf8_lossy(key));
+                }
+                seen += got.len();
+                assert_eq!(stats.pairs_emitted, 20_000);
+            }
+            assert_eq!(seen, want.len(), "every key somewhere");
+        }
+    }
+
+    #[test]
+    fn bad_arguments_are_refused_and_nothing_is_left_open() {
+        ranks(2, 29_662, 10_000, move |rank, comm| {
+            let err = comm.kv_emit(b"a", &[1], &[1]).unwrap_err();
+            assert!(err.to_string().contains("no key-value reduce is open"), "{err}");
+            assert!(comm.kv_finish().unwrap_err().to_string().contains("no key-value reduce is open"));
+            for bad in [
+                KvConfig { key_max: 31, ..KvConfig::default() },
+                KvConfig { key_max: 2000, ..KvConfig::default() },
+                KvConfig { dtype: Dtype::I32, ..KvConfig::default() },
+                KvConfig { op: ReduceOp::Avg, ..KvConfig::default() },
+                KvConfig { kernel_capacity: 0, ..KvConfig::default() },
+            ] {
+                assert_eq!(comm.kv_begin(&bad).unwrap_err().status(), crate::Status::InvalidArgument);
+            }
+            let config = KvConfig { key_max: 32, ..KvConfig::default() };
+            comm.kv_begin(&config).unwrap();
+            assert!(comm.kv_begin(&config).unwrap_err().to_string().contains("already open"));
+            let long = [b'x'; 33];
+            let err = comm.kv_emit(&long, &[33], &[1]).unwrap_err();
+            assert!(err.to_string().contains("key 0 has 33 bytes"), "{err}");
+            let err = comm.kv_emit(b"", &[0], &[1]).unwrap_err();
+            assert!(err.to_string().contains("key 0 has 0 bytes"), "{err}");
+            let err = comm.kv_emit(b"abc", &[1, 1], &[1, 2]).unwrap_err();
+            assert!(err.to_string().contains("add up to 2 bytes"), "{err}");
+            let err = comm.kv_emit(b"ab", &[1, 1], &[1]).unwrap_err();
+            assert!(err.to_string().contains("2 key lengths but 1 values"), "{err}");
+            // Still open and in step after the refused calls.
+            comm.kv_emit(b"hello", &[5], &[rank as u64 + 1]).unwrap();
+            let result = comm.kv_finish().unwrap();
+            let total: u64 = result.iter().map(|(_, v)| v).sum();
+            assert_eq!(total, if key_owner(b"hello", 2) == rank { 3 } else { 0 });
+        });
+    }
+}

@@ -1,0 +1,288 @@
+//! Key-value reduce across processes in an 8-host virtual cluster (MTU
+//! 1500): a word count over Debian's license and copyright texts, Zipf
+//! pairs with SUM, MIN and MAX of i64, u64 and f64, injected loss,
+//! duplication and reordering, a rank killed mid-operation, mismatched
+//! configurations. Every rank writes the pairs it owns (`aggbox-kv-rank`);
+//! the test checks that every key is at its owner and that every value is
+//! exactly what a plain single-process loop over all the input gives.
+//!
+//! On the kernel datapath key-value reduce still runs in user space (its
+//! datagrams pass the XDP and TC checks); see docs/KV.md.
+//!
+//! The tests run one at a time (they share two cores): each holds `serial()`.
+
+use std::{
+    collections::HashMap,
+    path::{Path, PathBuf},
+    time::{Duration, Instant},
+};
+
+use aggbox_core::{
+    cluster::Cluster,
+    fault::FaultSpec,
+    kv::{combine, key_owner},
+    Dtype, ReduceOp,
+};
+use aggbox_tests::{fields, kernel, license_texts, mixed, number, serial, user, zipf_key, zipf_pair, RankProcess, Zipf};
+
+const HOSTS: usize = 8;
+const MASTER_PORT: u16 = 29_800;
+
+type DatapathOf = fn(usize) -> &'static str;
+
+fn rank_binary() -> PathBuf {
+    env!("CARGO_BIN_EXE_aggbox-kv-rank").into()
+}
+
+/// A directory for the ranks' outputs, removed when dropped.
+struct Scratch(PathBuf);
+
+impl Scratch {
+    fn new(name: &str) -> Scratch {
+        let dir = std::env::temp_dir().join(format!("aggbox-kv-{name}-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        Scratch(dir)
+    }
+
+    fn out(&self, rank: usize) -> PathBuf {
+        self.0.join(format!("rank{rank}.out"))
+    }
+}
+
+impl Drop for Scratch {
+    fn drop(&mut self) {
+        std::fs::remove_dir_all(&self.0).ok();
+    }
+}
+
+/// Starts `n` ranks running the rank program with `args` and `--out`.
+fn spawn(cluster: &Cluster, n: usize, datapath_of: DatapathOf, args: &[String], port: u16, scratch: &Scratch, env: &[(&str, &str)]) -> Vec<RankProcess> {
+    (0..n)
+        .map(|i| {
+            let out = scratch.out(i).display().to_string();
+            let mut all: Vec<&str> = args.iter().map(String::as_str).collect();
+            all.extend(["--out", out.as_str()]);
+            RankProcess::spawn(cluster, i, 0, port, i, n, datapath_of(i), &rank_binary(), &all, env)
+        })
+        .collect()
+}
+
+/// Runs the ranks to the end; checks that each succeeded and returns their
+/// reports and the pairs each owns.
+fn run(
+    cluster: &Cluster,
+    n: usize,
+    datapath_of: DatapathOf,
+    args: &[String],
+    port: u16,
+) -> (Vec<HashMap<String, String>>, Vec<HashMap<Vec<u8>, u64>>) {
+    let scratch = Scratch::new(&format!("run{port}"));
+    let start = Instant::now();
+    let ranks = spawn(cluster, n, datapath_of, args, port, &scratch, &[]);
+    let mut reports = Vec::new();
+    let mut owned = Vec::new();
+    for (i, rank) in ranks.into_iter().enumerate() {
+        let (code, lines) = rank.finish(Duration::from_secs(600));
+        assert_eq!(code, 0, "rank {i} of {n} ({}) failed: {lines:?}", datapath_of(i));
+        let report = fields(lines.iter().find(|l| l.starts_with("report ")).expect("a report line"));
+        assert_eq!(report["datapath"], datapath_of(i), "rank {i}");
+        reports.push(report);
+        owned.push(read_pairs(&scratch.out(i)));
+    }
+    eprintln!(
+        "{args:?} on {n} ranks ({}) in {:?}: {} batches, {} retransmits, {} duplicates",
+        datapath_of(1 % n),
+        start.elapsed(),
+        total(&reports, "batches"),
+        total(&reports, "retransmits"),
+        total(&reports, "duplicates")
+    );
+    (reports, owned)
+}
+
+fn read_pairs(path: &Path) -> HashMap<Vec<u8>, u64> {
+    let text = std::fs::read_to_string(path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    text.lines()
+        .map(|line| {
+            let (hex, value) = line.split_once(' ').expect("HEXKEY VALUE");
+            let key = (0..hex.len()).step_by(2).map(|i| u8::from_str_radix(&hex[i..i + 2], 16).unwrap()).collect();
+            (key, value.parse().unwrap())
+        })
+        .collect()
+}
+
+fn total(reports: &[HashMap<String, String>], key: &str) -> u64 {
+    reports.iter().map(|r| number(r, key)).sum()
+}
+
+/// Every key at its owner, every value equal to the reference's, and no
+/// key missing or extra.
+fn assert_exact(owned: &[HashMap<Vec<u8>, u64>], want: &HashMap<Vec<u8>, u64>, what: &str) {
+    let n = owned.len();
+    let mut seen = 0;
+    for (rank, pairs) in owned.iter().enumerate() {
+        for (key, value) in pairs {
+            assert_eq!(key_owner(key, n), rank, "{what}: {:?} is at rank {rank}, not its owner", String::from_utf8_lossy(key));
+            assert_eq!(want.get(key), Some(value), "{what}: the value of {:?}", String::from_utf8_lossy(key));
+        }
+        seen += pairs.len();
+    }
+    assert_eq!(seen, want.len(), "{what}: keys returned");
+}
+
+/// The reference word count: every file read whole in this process, split
+/// on everything that is not an ASCII letter or digit, lower-cased.
+fn reference_word_count(files: &[PathBuf], key_max: usize) -> HashMap<Vec<u8>, u64> {
+    let mut counts: HashMap<Vec<u8>, u64> = HashMap::new();
+    for file in files {
+        let text = std::fs::read(file).unwrap();
+        let mut word = Vec::new();
+        for &b in text.iter().chain(std::iter::once(&b' ')) {
+            if b.is_ascii_alphanumeric() {
+                word.push(b.to_ascii_lowercase());
+            } else if !word.is_empty() {
+                if word.len() <= key_max {
+                    *counts.entry(std::mem::take(&mut word)).or_insert(0) += 1;
+                }
+                word.clear();
+            }
+        }
+    }
+    counts
+}
+
+/// The reference of a Zipf run: every rank's pairs, folded in a plain loop.
+fn reference_zipf(n: usize, pairs: usize, distinct: usize, seed: u64, dtype: Dtype, op: ReduceOp) -> HashMap<Vec<u8>, u64> {
+    let zipf = Zipf::new(distinct);
+    let mut by_id: Vec<Option<u64>> = vec![None; distinct];
+    for i in 0..pairs {
+        let (id, value) = zipf_pair(&zipf, seed, i % n, i, dtype == Dtype::F64);
+        by_id[id] = Some(match by_id[id] {
+            Some(old) => combine(dtype, op, old, value),
+            None => value,
+        });
+    }
+    by_id.into_iter().enumerate().filter_map(|(id, v)| v.map(|v| (zipf_key(id), v))).collect()
+}
+
+fn zipf_args(pairs: usize, distinct: usize, seed: u64, dtype: &str, op: &str) -> Vec<String> {
+    ["--zipf", &format!("{pairs}:{distinct}:{seed}"), "--dtype", dtype, "--op", op].map(String::from).to_vec()
+}
+
+#[test]
+fn word_count_of_debian_texts_on_8_ranks_equals_a_plain_count() {
+    let _serial = serial();
+    let cluster = Cluster::temporary(HOSTS).unwrap();
+    let files = license_texts();
+    assert!(files.len() >= 20, "too few texts: {files:?}");
+    let scratch = Scratch::new("words");
+    let list = scratch.0.join("files");
+    std::fs::write(&list, files.iter().map(|f| format!("{}\n", f.display())).collect::<String>()).unwrap();
+    let want = reference_word_count(&files, 64);
+    let words: u64 = want.values().sum();
+    eprintln!("{} files, {words} words, {} distinct", files.len(), want.len());
+    for (k, datapath_of) in [user as DatapathOf, kernel, mixed].into_iter().enumerate() {
+        let args = ["--files".to_string(), list.display().to_string(), "--key-max".into(), "64".into()];
+        let (reports, owned) = run(&cluster, HOSTS, datapath_of, &args, MASTER_PORT + k as u16);
+        assert_exact(&owned, &want, "word count");
+        assert_eq!(total(&reports, "emitted"), words, "every word emitted once");
+        assert_eq!(total(&reports, "local") + total(&reports, "folded_user") + total(&reports, "folded_kernel"), words, "every word folded once");
+    }
+}
+
+#[test]
+fn zipf_pairs_sum_min_max_on_each_datapath_equal_a_plain_loop() {
+    let _serial = serial();
+    let cluster = Cluster::temporary(HOSTS).unwrap();
+    let pairs: usize = std::env::var("AGGBOX_KV_PAIRS").ok().and_then(|v| v.parse().ok()).unwrap_or(10_000_000);
+    let cases: [(usize, &str, &str, DatapathOf); 5] = [
+        (100_000, "i64", "sum", user),
+        (100_000, "i64", "sum", kernel),
+        (1_000_000, "i64", "sum", mixed),
+        (100_000, "u64", "min", mixed),
+        (100_000, "f64", "max", user),
+    ];
+    for (k, (distinct, dtype, op, datapath_of)) in cases.into_iter().enumerate() {
+        let (dt, o) = (
+            match dtype { "i64" => Dtype::I64, "u64" => Dtype::U64, _ => Dtype::F64 },
+            match op { "sum" => ReduceOp::Sum, "min" => ReduceOp::Min, _ => ReduceOp::Max },
+        );
+        let seed = 7 + k as u64;
+        let want = reference_zipf(HOSTS, pairs, distinct, seed, dt, o);
+        let (reports, owned) = run(&cluster, HOSTS, datapath_of, &zipf_args(pairs, distinct, seed, dtype, op), MASTER_PORT + 10 + k as u16);
+        assert_exact(&owned, &want, &format!("{pairs} pairs, {distinct} distinct, {dtype} {op}"));
+        assert_eq!(total(&reports, "emitted"), pairs as u64);
+        assert_eq!(total(&reports, "local") + total(&reports, "folded_user") + total(&reports, "folded_kernel"), pairs as u64, "every pair folded once");
+    }
+    // f64 SUM (integers in ±2^20, so exact in any order), a smaller run.
+    let want = reference_zipf(HOSTS, pairs / 10, 100_000, 99, Dtype::F64, ReduceOp::Sum);
+    let (_, owned) = run(&cluster, HOSTS, mixed, &zipf_args(pairs / 10, 100_000, 99, "f64", "sum"), MASTER_PORT + 19);
+    assert_exact(&owned, &want, "f64 sum");
+}
+
+#[test]
+fn loss_duplication_and_reordering_change_no_count() {
+    let _serial = serial();
+    let mut cluster = Cluster::temporary(HOSTS).unwrap();
+    cluster.inject_faults(FaultSpec::percent(10.0, 2.0).reorder(5.0)).unwrap();
+    let (pairs, distinct) = (1_000_000, 100_000);
+    for (k, datapath_of) in [user as DatapathOf, kernel, mixed].into_iter().enumerate() {
+        let before = cluster.fault_stats().unwrap();
+        let seed = 40 + k as u64;
+        let want = reference_zipf(HOSTS, pairs, distinct, seed, Dtype::I64, ReduceOp::Sum);
+        let mut args = zipf_args(pairs, distinct, seed, "i64", "sum");
+        args.extend(["--rounds".into(), "2".into()]);
+        let (reports, owned) = run(&cluster, HOSTS, datapath_of, &args, MASTER_PORT + 20 + k as u16);
+        let after = cluster.fault_stats().unwrap();
+        let delta = |f: fn(&aggbox_core::fault::FaultStats) -> u64| -> u64 { after.iter().zip(&before).map(|(a, b)| f(a) - f(b)).sum() };
+        let (dropped, duplicated, delayed) = (delta(|s| s.dropped), delta(|s| s.duplicated), delta(|s| s.delayed));
+        assert!(dropped > 0 && duplicated > 0 && delayed > 0, "faults: dropped {dropped}, duplicated {duplicated}, delayed {delayed}");
+        assert_exact(&owned, &want, "under faults");
+        assert!(total(&reports, "retransmits") > 0, "the loss was repaired by retransmissions");
+        assert!(total(&reports, "duplicates") > 0, "repeated batches were seen and not counted twice");
+        assert_eq!(total(&reports, "local") + total(&reports, "folded_user") + total(&reports, "folded_kernel"), 2 * pairs as u64, "every pair folded once");
+    }
+}
+
+#[test]
+fn a_rank_killed_mid_operation_is_named_by_every_survivor() {
+    let _serial = serial();
+    let cluster = Cluster::temporary(HOSTS).unwrap();
+    let scratch = Scratch::new("kill");
+    let timeout = Duration::from_millis(3000);
+    let args = zipf_args(400_000, 10_000, 3, "i64", "sum").into_iter().chain(["--forever".to_string()]).collect::<Vec<_>>();
+    let mut ranks = spawn(&cluster, HOSTS, mixed, &args, MASTER_PORT + 30, &scratch, &[("AGGBOX_TIMEOUT_MS", "3000")]);
+    let victim = 5;
+    ranks[victim].wait_for("kv ");
+    ranks[victim].wait_for("kv ");
+    std::thread::sleep(Duration::from_millis(20));
+    ranks[victim].child.kill().unwrap();
+    let killed = Instant::now();
+    for (i, rank) in ranks.into_iter().enumerate().filter(|(i, _)| *i != victim) {
+        let (code, lines) = rank.finish(timeout * 4);
+        let elapsed = killed.elapsed();
+        assert_eq!(code, 1, "rank {i}: {lines:?}");
+        let error = lines.iter().find(|l| l.starts_with("error ")).unwrap_or_else(|| panic!("rank {i}: {lines:?}"));
+        let parsed = fields(error);
+        assert_eq!(parsed["status"], "PeerFailed", "rank {i}: {error}");
+        assert_eq!(parsed["blamed"], victim.to_string(), "rank {i} names the killed rank: {error}");
+        assert!(elapsed < timeout + Duration::from_secs(4), "rank {i} exited {elapsed:?} after the kill");
+    }
+}
+
+#[test]
+fn mismatched_value_types_fail_every_rank() {
+    let _serial = serial();
+    let cluster = Cluster::temporary(HOSTS).unwrap();
+    let scratch = Scratch::new("mismatch");
+    let args = zipf_args(100_000, 1000, 5, "i64", "sum").into_iter().chain(["--mismatch-at".to_string(), "3".into()]).collect::<Vec<_>>();
+    let start = Instant::now();
+    for (i, rank) in spawn(&cluster, HOSTS, mixed, &args, MASTER_PORT + 40, &scratch, &[]).into_iter().enumerate() {
+        let (code, lines) = rank.finish(Duration::from_secs(60));
+        assert_eq!(code, 1, "rank {i}: {lines:?}");
+        let error = lines.iter().find(|l| l.starts_with("error ")).expect("an error line");
+        assert_eq!(fields(error)["status"], "InvalidArgument", "rank {i}: {error}");
+        assert!(error.contains("mismatched collective calls"), "rank {i}: {error}");
+    }
+    assert!(start.elapsed() < Duration::from_secs(15), "every rank failed at once, not by timeout");
+}
