@@ -441,6 +441,11 @@ typedef struct aggbox_kv_stats {
    * Pairs the kernel left to user space (long keys, a full kernel table).
    */
   uint64_t spilled;
+  /**
+   * Kernel datapath: batches that reached this owner's socket before it
+   * armed the operation (dropped; sent again and folded by XDP).
+   */
+  uint64_t batches_unarmed;
 } aggbox_kv_stats;
 
 /**

@@ -21,20 +21,31 @@
 //! twice.
 //!
 //! On the user datapath the owner's table is a hash map in user space (this
-//! module). The kernel datapath (XDP folding into a BPF hash map) is not
-//! built yet: a kernel rank runs the same user-space protocol, and its
-//! datagrams pass the XDP and TC checks (docs/KV.md says what is missing).
+//! module). On the kernel datapath the owner's XDP does the owner's part
+//! (`ebpf/aggbox_kv.h`): it keeps the window of counted batch numbers per
+//! mapper in a kernel map, folds each batch's pairs into a BPF hash map the
+//! process made for the operation, and acknowledges the batch itself
+//! (`XDP_TX`); a batch with a pair it cannot fold (a long key, a full table)
+//! comes up to the socket flagged `KV_SPILL`, and the process folds the
+//! rest. At finish the process adds what XDP counted per mapper to what it
+//! counted itself, and drains the kernel table into its own.
 
-use std::time::{Duration, Instant};
+use std::{
+    collections::HashSet,
+    os::fd::OwnedFd,
+    time::{Duration, Instant},
+};
 
 use hashbrown::HashTable;
 
 use crate::{
     comm::{receiver_grace, Backoff, Comm, Received},
     dtype::Dtype,
+    kvmap,
+    maps::{names, CTL_SLOTS},
     op::ReduceOp,
     wire::{seq_at_or_before, Header, Kind, FLAG_MISMATCH, FLAG_RETRANSMIT},
-    Error, Result,
+    Datapath, Error, Result,
 };
 
 /// The smallest key maximum a [`KvConfig`] may set.
@@ -177,6 +188,10 @@ pub struct KvStats {
     /// Pairs the kernel left to user space (a key longer than the kernel
     /// key, the kernel table full) and user space merged.
     pub spilled: u64,
+    /// Kernel datapath: batches that reached this owner's socket unfolded
+    /// because XDP was not armed for their operation yet (dropped; they
+    /// come again and XDP folds them).
+    pub batches_unarmed: u64,
 }
 
 /// The reduced pairs of the keys this rank owns, sorted by key bytes.
@@ -324,6 +339,155 @@ impl Counted {
     }
 }
 
+/// `AGGBOX_KV_KEY`: key bytes of the kernel table; longer keys spill.
+pub const KERNEL_KEY: usize = 32;
+/// `AGGBOX_FLAG_KV_SPILL`: a `KV_DATA` XDP passed up; the first
+/// `nchunks >> 16` of its pairs are folded in the kernel.
+pub const FLAG_KV_SPILL: u16 = 0x0020;
+/// `AGGBOX_KVSTAT_*` names, in index order (`ab_kvstats`).
+pub const KVSTAT_NAMES: [&str; 6] = ["pairs", "batches", "spilled", "duplicates", "to_user", "errors"];
+/// Entries one `BPF_MAP_LOOKUP_AND_DELETE_BATCH` takes.
+const DRAIN_BATCH: usize = 8192;
+
+/// `struct aggbox_kvctl`.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[repr(C)]
+pub struct KvCtl {
+    /// The armed operation; 0: none.
+    pub seq: u32,
+    /// The communicator's group.
+    pub group: u32,
+    /// Its rank: the sender of XDP's acknowledgments.
+    pub rank: u32,
+    /// The header's `nchunks`: the key maximum.
+    pub key_max: u32,
+    /// The header's dtype.
+    pub dtype: u8,
+    /// The header's op.
+    pub op: u8,
+    /// 1: fold pairs; 0: spill every batch (f64 SUM, which the kernel cannot add).
+    pub fold: u8,
+    /// Zero.
+    pub reserved: u8,
+    /// Zero.
+    pub reserved2: u32,
+}
+
+/// `struct aggbox_kvkey`.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[repr(C)]
+pub struct KvKey {
+    /// Bytes of the key.
+    pub len: u32,
+    /// The key, zero-padded.
+    pub bytes: [u8; KERNEL_KEY],
+}
+
+/// `struct aggbox_kvcount`.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[repr(C)]
+pub struct KvCount {
+    /// Batches XDP folded whole and acknowledged.
+    pub batches: u64,
+    /// Pairs XDP folded (spilled batches' first pairs included).
+    pub pairs: u64,
+}
+
+/// A communicator's handles on the key-value maps of its attachment.
+struct KvKernel {
+    ctl: u32,
+    kvctl: OwnedFd,
+    kvtabs: OwnedFd,
+    kvcount: OwnedFd,
+    /// The last arming written (its group and rank stay when disarmed, so
+    /// XDP still answers repeats of folded batches).
+    arming: KvCtl,
+}
+
+impl KvKernel {
+    /// Opens the maps and clears this communicator's windows (a
+    /// communicator that used the control block before left its batch
+    /// numbers there).
+    fn open(comm: &Comm) -> Result<Option<KvKernel>> {
+        let Some(attachment) = comm.attachment.as_ref().filter(|_| comm.datapath() == Datapath::Kernel) else {
+            return Ok(None);
+        };
+        let Some(ctl) = attachment.windows().map(|w| w.index()).filter(|&c| c < CTL_SLOTS) else { return Ok(None) };
+        let dir = attachment.pin_dir();
+        let kvwin = kvmap::open_pinned(&dir.join(names::KVWIN))?;
+        let zero = [0u64; WINDOW];
+        for mapper in 0..comm.size() as u32 {
+            let index = ctl * crate::wire::MAX_RANKS as u32 + mapper;
+            kvmap::update(&kvwin, &index, &zero, "clearing a key-value window")?;
+        }
+        let arming = KvCtl { group: comm.group.group, rank: comm.rank() as u32, ..KvCtl::default() };
+        let kernel = KvKernel {
+            ctl,
+            kvctl: kvmap::open_pinned(&dir.join(names::KVCTL))?,
+            kvtabs: kvmap::open_pinned(&dir.join(names::KVTABS))?,
+            kvcount: kvmap::open_pinned(&dir.join(names::KVCOUNT))?,
+            arming,
+        };
+        kvmap::update(&kernel.kvctl, &ctl, &arming, "writing ab_kvctl")?;
+        Ok(Some(kernel))
+    }
+
+    /// The kvcount index of `mapper`.
+    fn index(&self, mapper: usize) -> u32 {
+        self.ctl * crate::wire::MAX_RANKS as u32 + mapper as u32
+    }
+
+    /// Arms operation `seq` of `config` with `table` as its kernel table:
+    /// counters zeroed, table in place, then the arming.
+    fn arm(&mut self, seq: u32, config: &KvConfig, ranks: usize, table: &OwnedFd) -> Result<()> {
+        for mapper in 0..ranks {
+            kvmap::update(&self.kvcount, &self.index(mapper), &KvCount::default(), "zeroing ab_kvcount")?;
+        }
+        let fd = std::os::fd::AsRawFd::as_raw_fd(table) as u32;
+        kvmap::update(&self.kvtabs, &self.ctl, &fd, "putting the kernel table in ab_kvtabs")?;
+        self.arming = KvCtl {
+            seq,
+            key_max: config.key_max as u32,
+            dtype: config.dtype.code(),
+            op: config.op.code(),
+            fold: u8::from(!(config.dtype == Dtype::F64 && config.op == ReduceOp::Sum)),
+            ..self.arming
+        };
+        kvmap::update(&self.kvctl, &self.ctl, &self.arming, "arming ab_kvctl")
+    }
+
+    /// Disarms: XDP folds nothing more (it still answers repeats), and
+    /// the table leaves ab_kvtabs.
+    fn disarm(&mut self) {
+        self.arming.seq = 0;
+        if let Err(e) = kvmap::update(&self.kvctl, &self.ctl, &self.arming, "disarming ab_kvctl") {
+            tracing::warn!(error = %e, "key-value reduce");
+        }
+        if let Err(e) = kvmap::delete(&self.kvtabs, &self.ctl, "removing the kernel table from ab_kvtabs") {
+            tracing::warn!(error = %e, "key-value reduce");
+        }
+    }
+
+    /// What XDP counted for `mapper` in the armed operation.
+    fn count(&self, mapper: usize) -> Result<KvCount> {
+        let mut value = KvCount::default();
+        kvmap::lookup(&self.kvcount, &self.index(mapper), &mut value, "reading ab_kvcount")?;
+        Ok(value)
+    }
+}
+
+/// The kernel part of an open operation at its owner.
+struct KvOpKernel {
+    /// The kernel table XDP folds into.
+    table: OwnedFd,
+    /// Spilled batches the process folded in this operation: (mapper, batch).
+    spilled: HashSet<(u16, u32)>,
+    /// Per mapper: batches XDP folded whole, as last read.
+    batches: Vec<u64>,
+    /// When they were last read.
+    read_at: Instant,
+}
+
 /// What key-value reduce keeps in the communicator between operations.
 pub(crate) struct KvState {
     /// Sequence number of the last operation begun.
@@ -335,8 +499,11 @@ pub(crate) struct KvState {
     next_batch: Vec<u32>,
     /// Per mapper: the batch numbers counted from it.
     counted: Vec<Counted>,
-    /// The open operation.
+    /// The open operation (dropped before `kernel`).
     op: Option<Box<KvOp>>,
+    /// On the kernel datapath, once the first operation opened them: the
+    /// key-value maps.
+    kernel: Option<KvKernel>,
 }
 
 impl KvState {
@@ -347,6 +514,18 @@ impl KvState {
             next_batch: vec![1; ranks],
             counted: vec![Counted::new(); ranks],
             op: None,
+            kernel: None,
+        }
+    }
+}
+
+impl Drop for KvState {
+    fn drop(&mut self) {
+        // An operation left open: XDP must not keep folding into its table.
+        if let (Some(op), Some(kernel)) = (self.op.take(), self.kernel.as_mut()) {
+            if op.kernel.is_some() {
+                kernel.disarm();
+            }
         }
     }
 }
@@ -360,9 +539,11 @@ struct Stream {
     low: u32,
     /// The batch being filled (sealed ones are below it).
     next: u32,
-    /// Bytes and pairs in the batch being filled.
+    /// Bytes and pairs in the batch being filled, and how many of those
+    /// pairs have keys longer than the kernel key.
     fill: usize,
     pairs: u32,
+    long: u32,
     /// Per ring slot: acknowledged, pairs, bytes.
     acked: Vec<bool>,
     slot_pairs: Vec<u32>,
@@ -394,6 +575,10 @@ pub(crate) struct KvOp {
     aborted: Option<(usize, bool, usize)>,
     stats: KvStats,
     backoff: Backoff,
+    /// XDP folds for this owner (kernel datapath).
+    kernel: Option<KvOpKernel>,
+    /// Scratch of one batch, to put its long keys last.
+    reorder: Vec<u8>,
 }
 
 impl KvOp {
@@ -444,6 +629,7 @@ impl Comm {
                     next: first,
                     fill: 0,
                     pairs: 0,
+                    long: 0,
                     acked: vec![false; WINDOW],
                     slot_pairs: vec![0; WINDOW],
                     slot_len: vec![0; WINDOW],
@@ -453,7 +639,27 @@ impl Comm {
                 }
             })
             .collect();
+        if self.kv.kernel.is_none() && self.datapath() == Datapath::Kernel {
+            self.kv.kernel = KvKernel::open(self)?;
+        }
+        let kernel = match self.kv.kernel.as_mut() {
+            Some(k) => {
+                let capacity = u32::try_from(config.kernel_capacity).unwrap_or(u32::MAX);
+                let table = kvmap::create_hash(
+                    "ab_kvtab",
+                    std::mem::size_of::<KvKey>() as u32,
+                    8,
+                    capacity,
+                    kvmap::BPF_F_NO_PREALLOC,
+                )?;
+                k.arm(seq, config, n, &table)?;
+                Some(KvOpKernel { table, spilled: HashSet::new(), batches: vec![0; n], read_at: now })
+            }
+            None => None,
+        };
         self.kv.op = Some(Box::new(KvOp {
+            kernel,
+            reorder: Vec::with_capacity(self.chunk),
             seq,
             config: *config,
             table: Table::new(config.dtype, config.op),
@@ -549,6 +755,7 @@ impl Comm {
             let stream = &mut op.streams[owner];
             stream.fill += need;
             stream.pairs += 1;
+            stream.long += u32::from(key.len() > KERNEL_KEY);
         }
         self.kv_flush_data()?;
         // Take what came meanwhile (acknowledgments, others' batches),
@@ -579,7 +786,15 @@ impl Comm {
         }
         let header = self.kv_header(Kind::KvData);
         let op = self.kv.op.as_mut().expect("open");
+        if op.streams[owner].long > 0 {
+            // Keys longer than the kernel key last: an owner's XDP folds the
+            // pairs before them and spills only those.
+            let start = op.slot_at(owner, op.streams[owner].next);
+            let fill = op.streams[owner].fill;
+            long_keys_last(&mut op.out[start..start + fill], &mut op.reorder);
+        }
         let stream = &mut op.streams[owner];
+        stream.long = 0;
         let b = stream.next;
         let slot = b as usize % WINDOW;
         stream.acked[slot] = false;
@@ -632,9 +847,56 @@ impl Comm {
     /// Closes the open operation when `result` is an error.
     fn kv_close_on_error<T>(&mut self, result: Result<T>) -> Result<T> {
         if result.is_err() {
-            self.kv.op = None;
+            if let Some(op) = self.kv.op.take() {
+                if let (Some(_), Some(k)) = (op.kernel.as_ref(), self.kv.kernel.as_mut()) {
+                    k.disarm();
+                }
+            }
         }
         result
+    }
+
+    /// Batches of `mapper` this owner counted in the open operation: by
+    /// itself, and (kernel datapath) by XDP, as last read.
+    fn kv_counted(&self, mapper: usize) -> u32 {
+        let op = self.kv.op.as_ref().expect("open");
+        let kernel = op.kernel.as_ref().map_or(0, |k| k.batches[mapper] as u32);
+        op.streams[mapper].counted.wrapping_add(kernel)
+    }
+
+    /// Kernel datapath: reads what XDP counted for the mappers whose
+    /// `KV_FIN` came and whose batches are not all counted (`only`: that
+    /// one), and answers those now complete. At most every millisecond
+    /// unless `only` is given.
+    fn kv_refresh_kernel(&mut self, only: Option<usize>) -> Result<()> {
+        let me = self.rank();
+        let Some(op) = self.kv.op.as_ref() else { return Ok(()) };
+        let Some(kop) = op.kernel.as_ref() else { return Ok(()) };
+        if only.is_none() && kop.read_at.elapsed() < Duration::from_millis(1) {
+            return Ok(());
+        }
+        let waiting: Vec<usize> = (0..self.size())
+            .filter(|&m| m != me && only.is_none_or(|o| o == m))
+            .filter(|&m| op.streams[m].announced.is_some_and(|a| a != self.kv_counted(m)))
+            .collect();
+        let Some(kernel) = self.kv.kernel.as_ref() else { return Ok(()) };
+        let mut counts = Vec::with_capacity(waiting.len());
+        for &m in &waiting {
+            counts.push((m, kernel.count(m)?.batches));
+        }
+        let op = self.kv.op.as_mut().expect("open");
+        let kop = op.kernel.as_mut().expect("kernel");
+        kop.read_at = Instant::now();
+        for &(m, batches) in &counts {
+            kop.batches[m] = batches;
+        }
+        let fin = self.kv_header(Kind::KvFin);
+        for (m, _) in counts {
+            if self.kv.op.as_ref().expect("open").streams[m].announced == Some(self.kv_counted(m)) {
+                self.kv_send_fin_ack(&fin, m)?;
+            }
+        }
+        Ok(())
     }
 
     /// Ends the open key-value reduce (collective) and returns the reduced
@@ -672,6 +934,7 @@ impl Comm {
         let silence = timeout + receiver_grace(timeout);
         loop {
             self.kv_check_abort()?;
+            self.kv_refresh_kernel(None)?;
             if self.kv_complete() {
                 break;
             }
@@ -684,8 +947,21 @@ impl Comm {
             }
         }
         self.flush_queued()?;
-        let op = self.kv.op.take().expect("open");
+        let mut op = self.kv.op.take().expect("open");
         self.kv.last_done = Some(op.seq);
+        if let (Some(kop), Some(kernel)) = (op.kernel.take(), self.kv.kernel.as_mut()) {
+            // Every batch is counted, so XDP folds nothing more for this
+            // operation: disarm, then take the kernel table out.
+            kernel.disarm();
+            for mapper in (0..self.config.world_size).filter(|&m| m != self.config.rank) {
+                op.stats.pairs_folded_kernel += kernel.count(mapper)?.pairs;
+            }
+            let table = &mut op.table;
+            kvmap::drain(&kop.table, std::mem::size_of::<KvKey>(), DRAIN_BATCH, |key, value| {
+                let len = u32::from_ne_bytes(key[..4].try_into().expect("4 bytes")) as usize;
+                table.fold(&key[4..4 + len.min(KERNEL_KEY)], value);
+            })?;
+        }
         let stats = op.stats;
         Ok(op.table.into_result(stats))
     }
@@ -694,7 +970,7 @@ impl Comm {
     fn kv_complete(&self) -> bool {
         let op = self.kv.op.as_ref().expect("open");
         let me = self.rank();
-        op.streams.iter().enumerate().all(|(r, s)| r == me || (s.fin_acked && s.announced == Some(s.counted)))
+        op.streams.iter().enumerate().all(|(r, s)| r == me || (s.fin_acked && s.announced == Some(self.kv_counted(r))))
     }
 
     /// Sends `KV_FIN` to every owner that has not answered it.
@@ -754,7 +1030,7 @@ impl Comm {
         let mut blamed = None;
         for (r, s) in op.streams.iter().enumerate().filter(|(r, _)| *r != me) {
             let quiet = now.duration_since(op.heard[r]);
-            if s.announced != Some(s.counted) && quiet >= timeout {
+            if s.announced != Some(self.kv_counted(r)) && quiet >= timeout {
                 blamed = Some((r, "its batches did not all come"));
                 break;
             }
@@ -885,9 +1161,12 @@ impl Comm {
             }
             Kind::KvFin if current => {
                 let op = self.kv.op.as_mut().expect("open");
-                let stream = &mut op.streams[sender];
-                stream.announced = Some(header.count);
-                if stream.counted == header.count {
+                op.streams[sender].announced = Some(header.count);
+                if op.kernel.is_some() && self.kv_counted(sender) != header.count {
+                    // XDP may have counted the rest (it answers it then).
+                    return self.kv_refresh_kernel(Some(sender)).map(|()| true);
+                }
+                if self.kv_counted(sender) == header.count {
                     self.kv_send_fin_ack(&header, sender)?;
                 }
                 Ok(true)
@@ -926,7 +1205,8 @@ impl Comm {
     fn kv_check(&mut self, header: &Header) -> Result<()> {
         let op = self.kv.op.as_ref().expect("open");
         let ours = (op.config.dtype.code(), op.op_code(), op.config.key_max as u32);
-        let theirs = (header.dtype, header.op, header.nchunks);
+        let key_max = if header.flags & FLAG_KV_SPILL != 0 { header.nchunks & 0xffff } else { header.nchunks };
+        let theirs = (header.dtype, header.op, key_max);
         if ours == theirs {
             return Ok(());
         }
@@ -950,6 +1230,9 @@ impl Comm {
         let header = got.header;
         let mapper = header.sender as usize;
         let b = header.chunk;
+        if self.kv.kernel.is_some() {
+            return self.kv_on_spill(got, current);
+        }
         match self.kv.counted[mapper].has(b) {
             Some(true) => {
                 // Counted before; its acknowledgment was lost.
@@ -989,12 +1272,64 @@ impl Comm {
         Ok(true)
     }
 
+    /// Kernel datapath: a batch that reached the socket. XDP keeps the
+    /// window of counted batches here, so only a spilled batch (flagged
+    /// `KV_SPILL`, its first pairs folded by XDP) is the process's: it
+    /// folds the rest, once. Any other came before XDP was armed for its
+    /// operation and is dropped (it comes again).
+    fn kv_on_spill(&mut self, got: &Received, current: bool) -> Result<bool> {
+        let header = got.header;
+        let mapper = header.sender as usize;
+        let b = header.chunk;
+        if header.flags & FLAG_KV_SPILL == 0 {
+            if let Some(op) = self.kv.op.as_mut() {
+                op.stats.batches_unarmed += 1;
+            }
+            return Ok(false);
+        }
+        let folded = header.nchunks >> 16;
+        let repeat = match self.kv.op.as_ref().and_then(|op| op.kernel.as_ref()) {
+            // A spilled batch of an earlier operation: that one completed
+            // here, so it was counted.
+            _ if !current => true,
+            Some(kop) => kop.spilled.contains(&(header.sender, b)),
+            None => true,
+        };
+        if repeat {
+            self.user_stats.duplicates += 1;
+            if let Some(op) = self.kv.op.as_mut() {
+                op.stats.duplicates += 1;
+            }
+            self.kv_send_ack(&header, mapper)?;
+            return Ok(false);
+        }
+        let payload = match self.transport.datagram(got.slot) {
+            Some(datagram) => &datagram.bytes[crate::wire::HDR_LEN..],
+            None => &[],
+        };
+        let op = self.kv.op.as_mut().expect("open");
+        let Some(pairs) = fold_batch_from(&mut op.table, payload, header.count, op.config.key_max, folded) else {
+            tracing::debug!(mapper, batch = b, "a malformed key-value batch");
+            self.user_stats.dropped_malformed += 1;
+            return Ok(false);
+        };
+        op.stats.spilled += pairs;
+        op.kernel.as_mut().expect("kernel").spilled.insert((header.sender, b));
+        op.streams[mapper].counted += 1;
+        self.kv_send_ack(&header, mapper)?;
+        if self.kv.op.as_ref().expect("open").streams[mapper].announced == Some(self.kv_counted(mapper)) {
+            let fin = self.kv_header(Kind::KvFin);
+            self.kv_send_fin_ack(&fin, mapper)?;
+        }
+        Ok(true)
+    }
+
     /// Queues `KV_ACK` of the batch of `data` to its mapper.
     fn kv_send_ack(&mut self, data: &Header, mapper: usize) -> Result<()> {
         let mut header = self.header(Kind::KvAck, data.seq);
         header.dtype = data.dtype;
         header.op = data.op;
-        header.nchunks = data.nchunks;
+        header.nchunks = if data.flags & FLAG_KV_SPILL != 0 { data.nchunks & 0xffff } else { data.nchunks };
         header.chunk = data.chunk;
         self.queue_control(&header, mapper)
     }
@@ -1009,10 +1344,38 @@ impl Comm {
     }
 }
 
+/// Reorders the well-formed pairs of `batch` so that those whose keys are
+/// longer than [`KERNEL_KEY`] come last (each group in its order), with
+/// `scratch` as room.
+fn long_keys_last(batch: &mut [u8], scratch: &mut Vec<u8>) {
+    scratch.clear();
+    for long in [false, true] {
+        let mut at = 0;
+        while at + PAIR_OVERHEAD <= batch.len() {
+            let len = u16::from_le_bytes([batch[at], batch[at + 1]]) as usize;
+            let end = at + PAIR_OVERHEAD + len;
+            if (len > KERNEL_KEY) == long {
+                scratch.extend_from_slice(&batch[at..end]);
+            }
+            at = end;
+        }
+    }
+    batch.copy_from_slice(scratch);
+}
+
 /// Folds the `count` pairs of a batch's `payload` into `table`; returns
 /// how many, or `None` (nothing folded) when the payload is not `count`
 /// well-formed pairs of keys of 1 to `key_max` bytes.
 fn fold_batch(table: &mut Table, payload: &[u8], count: u32, key_max: usize) -> Option<u64> {
+    fold_batch_from(table, payload, count, key_max, 0)
+}
+
+/// [`fold_batch`] of all pairs but the first `skip` (folded elsewhere);
+/// returns how many it folded.
+fn fold_batch_from(table: &mut Table, payload: &[u8], count: u32, key_max: usize, skip: u32) -> Option<u64> {
+    if skip > count {
+        return None;
+    }
     // Checked whole first, so a malformed batch folds nothing.
     let mut at = 0;
     for _ in 0..count {
@@ -1029,13 +1392,15 @@ fn fold_batch(table: &mut Table, payload: &[u8], count: u32, key_max: usize) -> 
         return None;
     }
     let mut at = 0;
-    for _ in 0..count {
+    for i in 0..count {
         let len = u16::from_le_bytes([payload[at], payload[at + 1]]) as usize;
         let value = u64::from_le_bytes(payload[at + 2..at + 10].try_into().expect("8 bytes"));
-        table.fold(&payload[at + 10..at + 10 + len], value);
+        if i >= skip {
+            table.fold(&payload[at + 10..at + 10 + len], value);
+        }
         at += PAIR_OVERHEAD + len;
     }
-    Some(u64::from(count))
+    Some(u64::from(count - skip))
 }
 
 #[cfg(test)]
@@ -1073,6 +1438,66 @@ mod tests {
         assert_eq!(key_hash(b""), 0xcbf2_9ce4_8422_2325);
         assert_eq!(key_hash(b"a"), 0xaf63_dc4c_8601_ec8c);
         assert_eq!(key_hash(b"foobar"), 0x8594_4171_f739_67e8);
+    }
+
+    #[test]
+    fn kernel_structs_match_the_c_definitions() {
+        use std::mem::{offset_of, size_of};
+        let exprs: Vec<String> = [
+            "sizeof(struct aggbox_kvctl)",
+            "offsetof(struct aggbox_kvctl, group)",
+            "offsetof(struct aggbox_kvctl, rank)",
+            "offsetof(struct aggbox_kvctl, key_max)",
+            "offsetof(struct aggbox_kvctl, dtype)",
+            "offsetof(struct aggbox_kvctl, op)",
+            "offsetof(struct aggbox_kvctl, fold)",
+            "sizeof(struct aggbox_kvkey)",
+            "offsetof(struct aggbox_kvkey, bytes)",
+            "sizeof(struct aggbox_kvcount)",
+            "offsetof(struct aggbox_kvcount, pairs)",
+            "sizeof(struct aggbox_kvwin)",
+            "AGGBOX_KV_KEY",
+            "AGGBOX_KV_WINDOW",
+            "AGGBOX_KV_PAIR",
+            "AGGBOX_FLAG_KV_SPILL",
+            "AGGBOX_KVSTAT_MAX",
+        ]
+        .map(String::from)
+        .to_vec();
+        let rust = vec![
+            size_of::<KvCtl>() as u64,
+            offset_of!(KvCtl, group) as u64,
+            offset_of!(KvCtl, rank) as u64,
+            offset_of!(KvCtl, key_max) as u64,
+            offset_of!(KvCtl, dtype) as u64,
+            offset_of!(KvCtl, op) as u64,
+            offset_of!(KvCtl, fold) as u64,
+            size_of::<KvKey>() as u64,
+            offset_of!(KvKey, bytes) as u64,
+            size_of::<KvCount>() as u64,
+            offset_of!(KvCount, pairs) as u64,
+            (WINDOW * 8) as u64,
+            KERNEL_KEY as u64,
+            WINDOW as u64,
+            PAIR_OVERHEAD as u64,
+            u64::from(FLAG_KV_SPILL),
+            KVSTAT_NAMES.len() as u64,
+        ];
+        assert_eq!(rust, crate::layout_check::c_values("aggbox_kv.h", &exprs));
+    }
+
+    #[test]
+    fn long_keys_go_last_in_a_batch() {
+        let pair = |key: &[u8], v: u64| {
+            let mut p = (key.len() as u16).to_le_bytes().to_vec();
+            p.extend_from_slice(&v.to_le_bytes());
+            p.extend_from_slice(key);
+            p
+        };
+        let long = [b'L'; 40];
+        let mut batch = [pair(&long, 1), pair(b"a", 2), pair(&long[..33], 3), pair(b"bb", 4)].concat();
+        long_keys_last(&mut batch, &mut Vec::new());
+        assert_eq!(batch, [pair(b"a", 2), pair(b"bb", 4), pair(&long, 1), pair(&long[..33], 3)].concat());
     }
 
     #[test]

@@ -32,6 +32,7 @@ pub mod dtype;
 pub mod error;
 pub mod fault;
 pub mod kv;
+mod kvmap;
 pub mod loader;
 pub mod maps;
 pub mod netif;

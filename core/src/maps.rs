@@ -27,9 +27,23 @@ pub mod names {
     pub const RSTATS: &str = "ab_rstats";
     /// The reduction fold stage, for tail calls.
     pub const REDPROGS: &str = "ab_redprogs";
+    /// Key-value reduce: each communicator's kernel table (array of maps).
+    pub const KVTABS: &str = "ab_kvtabs";
+    /// Key-value reduce: each communicator's arming.
+    pub const KVCTL: &str = "ab_kvctl";
+    /// Key-value reduce: each (communicator, mapper)'s window of batch numbers.
+    pub const KVWIN: &str = "ab_kvwin";
+    /// Key-value reduce: what XDP counted per (communicator, mapper).
+    pub const KVCOUNT: &str = "ab_kvcount";
+    /// Per-CPU key-value counters.
+    pub const KVSTATS: &str = "ab_kvstats";
+    /// Key-value reduce's fold stage, for tail calls.
+    pub const KVPROGS: &str = "ab_kvprogs";
     /// Every pinned map.
-    pub const ALL: [&str; 12] =
-        [PORTS, GROUPS, MEMBERS, USERS, STATS, BSTATS, CTL, RXWIN, TXWIN, REDWIN, RSTATS, REDPROGS];
+    pub const ALL: [&str; 18] = [
+        PORTS, GROUPS, MEMBERS, USERS, STATS, BSTATS, CTL, RXWIN, TXWIN, REDWIN, RSTATS, REDPROGS, KVTABS, KVCTL,
+        KVWIN, KVCOUNT, KVSTATS, KVPROGS,
+    ];
 }
 
 /// `struct aggbox_port_key`.

@@ -418,6 +418,9 @@ pub struct aggbox_kv_stats {
     pub pairs_folded_kernel: u64,
     /// Pairs the kernel left to user space (long keys, a full kernel table).
     pub spilled: u64,
+    /// Kernel datapath: batches that reached this owner's socket before it
+    /// armed the operation (dropped; sent again and folded by XDP).
+    pub batches_unarmed: u64,
 }
 
 /// Writes what the operation of `result` did at this rank into `*stats`:
@@ -450,6 +453,7 @@ pub unsafe extern "C" fn aggbox_kv_result_stats(
             pairs_folded_user: s.pairs_folded_user,
             pairs_folded_kernel: s.pairs_folded_kernel,
             spilled: s.spilled,
+            batches_unarmed: s.batches_unarmed,
         };
         // SAFETY: `size` bytes are writable (the caller's promise) and no
         // more than the struct (checked).

@@ -20,8 +20,8 @@
 //! - `--mismatch-at R`: rank R uses u64 values when the others use i64.
 //! - Lines: `kv round=I pairs=P owned=K us=T` per round, then `report
 //!   rank=… datapath=… emitted=… local=… batches=… retransmits=…
-//!   duplicates=… folded_user=… folded_kernel=… spilled=…` (summed over the
-//!   rounds). A failed call prints `error status=STATUS blamed=RANK
+//!   duplicates=… folded_user=… folded_kernel=… spilled=… unarmed=…
+//!   packets_received=…` (summed over the rounds). A failed call prints `error status=STATUS blamed=RANK
 //!   message=…` and exits 1.
 
 use std::{io::Write, time::Instant};
@@ -146,13 +146,17 @@ fn add(total: &mut KvStats, s: KvStats) {
     total.pairs_folded_user += s.pairs_folded_user;
     total.pairs_folded_kernel += s.pairs_folded_kernel;
     total.spilled += s.spilled;
+    total.batches_unarmed += s.batches_unarmed;
 }
 
 fn main() {
     let args = parse_args();
+    // The input first (a mapper's output is there before the shuffle), so
+    // the ranks begin together.
+    let env = |name: &str| -> usize { std::env::var(name).ok().and_then(|v| v.parse().ok()).expect(name) };
+    let pairs = my_pairs(&args, env("RANK"), env("WORLD_SIZE"));
     let mut comm = Comm::from_env().unwrap_or_else(|e| fail(&e));
-    let (rank, ranks) = (comm.rank(), comm.size());
-    let pairs = my_pairs(&args, rank, ranks);
+    let rank = comm.rank();
     let mut config = args.config;
     if args.mismatch_at == Some(rank) {
         config.dtype = Dtype::U64;
@@ -186,7 +190,7 @@ fn main() {
     }
     let stats = comm.stats().unwrap_or_else(|e| fail(&e));
     println!(
-        "report rank={rank} datapath={} emitted={} local={} batches={} retransmits={} duplicates={} folded_user={} folded_kernel={} spilled={} packets_received={}",
+        "report rank={rank} datapath={} emitted={} local={} batches={} retransmits={} duplicates={} folded_user={} folded_kernel={} spilled={} unarmed={} packets_received={}",
         comm.datapath().name(),
         total.pairs_emitted,
         total.pairs_local,
@@ -196,6 +200,7 @@ fn main() {
         total.pairs_folded_user,
         total.pairs_folded_kernel,
         total.spilled,
+        total.batches_unarmed,
         stats.user.packets_received,
     );
 }
