@@ -1093,23 +1093,18 @@ impl Comm {
     /// the socket already), then fails if an abort came.
     fn kv_progress(&mut self, deadline: Instant) -> Result<()> {
         let mut until = deadline;
-        loop {
-            match self.recv_valid(until)? {
-                Some(got) => {
-                    let progress = match got.kind {
-                        Kind::KvData | Kind::KvAck | Kind::KvFin | Kind::KvFinAck | Kind::KvAbort => self.kv_on(&got)?,
-                        _ => {
-                            self.serve_stale(&got)?;
-                            false
-                        }
-                    };
-                    if progress {
-                        if let Some(op) = self.kv.op.as_mut() {
-                            op.backoff = Backoff::starting(KV_RTO_INITIAL, KV_RTO_MAX);
-                        }
-                    }
+        while let Some(got) = self.recv_valid(until)? {
+            let progress = match got.kind {
+                Kind::KvData | Kind::KvAck | Kind::KvFin | Kind::KvFinAck | Kind::KvAbort => self.kv_on(&got)?,
+                _ => {
+                    self.serve_stale(&got)?;
+                    false
                 }
-                None => break,
+            };
+            if progress {
+                if let Some(op) = self.kv.op.as_mut() {
+                    op.backoff = Backoff::starting(KV_RTO_INITIAL, KV_RTO_MAX);
+                }
             }
             // Then what else is queued already, without waiting.
             until = Instant::now();
@@ -1438,6 +1433,150 @@ mod tests {
         assert_eq!(key_hash(b""), 0xcbf2_9ce4_8422_2325);
         assert_eq!(key_hash(b"a"), 0xaf63_dc4c_8601_ec8c);
         assert_eq!(key_hash(b"foobar"), 0x8594_4171_f739_67e8);
+    }
+
+    /// A KV_DATA frame from rank 1 (10.77.0.2:47002) to rank 0
+    /// (10.77.0.1:47001) of group `GROUP`: batch `batch` of operation
+    /// `seq` holding `pairs`, with i64 SUM and key_max 64.
+    fn kv_frame(seq: u32, batch: u32, pairs: &[(&[u8], u64)]) -> Vec<u8> {
+        let mut body = Vec::new();
+        for (key, value) in pairs {
+            body.extend_from_slice(&(key.len() as u16).to_le_bytes());
+            body.extend_from_slice(&value.to_le_bytes());
+            body.extend_from_slice(key);
+        }
+        let mut header = Header::new(Kind::KvData, TEST_GROUP, TEST_TOKEN, 1, seq);
+        header.dtype = Dtype::I64.code();
+        header.op = ReduceOp::Sum.code();
+        header.nchunks = 64;
+        header.chunk = batch;
+        header.count = pairs.len() as u32;
+        let mut udp_payload = vec![0u8; crate::wire::HDR_LEN];
+        header.write_to(&mut udp_payload);
+        udp_payload.extend_from_slice(&body);
+        let mut udp = Vec::new();
+        udp.extend_from_slice(&47_002u16.to_be_bytes());
+        udp.extend_from_slice(&47_001u16.to_be_bytes());
+        udp.extend_from_slice(&(8 + udp_payload.len() as u16).to_be_bytes());
+        udp.extend_from_slice(&[0, 0]);
+        udp.extend_from_slice(&udp_payload);
+        let mut ip = vec![0x45, 0];
+        ip.extend_from_slice(&(20 + udp.len() as u16).to_be_bytes());
+        ip.extend_from_slice(&[0, 1, 0x40, 0, 64, 17, 0, 0, 10, 77, 0, 2, 10, 77, 0, 1]);
+        let mut sum: u32 = ip.chunks(2).map(|w| u32::from(u16::from_be_bytes([w[0], w[1]]))).sum();
+        while sum > 0xffff {
+            sum = (sum & 0xffff) + (sum >> 16);
+        }
+        ip[10..12].copy_from_slice(&(!(sum as u16)).to_be_bytes());
+        ip.extend_from_slice(&udp);
+        let mut frame = vec![2, 0, 0, 0, 0, 1, 2, 0, 0, 0, 0, 2, 0x08, 0x00];
+        frame.extend_from_slice(&ip);
+        frame
+    }
+
+    const TEST_GROUP: u32 = 0x0a0b_0c0d;
+    const TEST_TOKEN: u64 = 0x1234_5678_9abc_def0;
+
+    fn kernel_value(table: &OwnedFd, key: &[u8]) -> Option<u64> {
+        let mut k = KvKey { len: key.len() as u32, ..KvKey::default() };
+        k.bytes[..key.len()].copy_from_slice(key);
+        let mut value = 0u64;
+        kvmap::lookup(table, &k, &mut value, "test lookup").ok().map(|()| value)
+    }
+
+    /// XDP ingress alone (BPF_PROG_TEST_RUN) on crafted KV_DATA frames at
+    /// an armed owner: a batch is folded into the kernel table and turned
+    /// into its KV_ACK (XDP_TX); its repeat is acknowledged and not folded
+    /// again; a batch whose last key is longer than 32 bytes folds the rest
+    /// and goes up flagged KV_SPILL (again on a repeat); a full table
+    /// spills from the first new key; a batch of an operation not armed
+    /// goes up untouched.
+    #[test]
+    fn xdp_folds_acknowledges_and_spills_crafted_batches() {
+        use crate::{
+            rendezvous::{GroupInfo, PeerInfo},
+            testrun::{test_run, xdp},
+        };
+        let dir = crate::loader::bpffs_root().unwrap().join(format!("aggbox-kvtest-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let mut obj = crate::loader::load_object(crate::bpf::XDP_INGRESS, &dir).unwrap();
+        crate::loader::load_xdp(&mut obj).unwrap();
+        let opened = (|| -> Result<_> {
+            let mut maps = crate::loader::SharedMaps::open(&dir)?;
+            let peer = |rank: usize, last: u8, port| PeerInfo {
+                rank,
+                ipv4: std::net::Ipv4Addr::new(10, 77, 0, last),
+                mac: [2, 0, 0, 0, 0, last],
+                port,
+                datapath: Datapath::Kernel,
+                mtu: 1500,
+            };
+            let group = GroupInfo { group: TEST_GROUP, token: TEST_TOKEN, peers: vec![peer(0, 1, 47_001), peer(1, 2, 47_002)] };
+            maps.insert_group(&group)?;
+            let port = crate::maps::PortKey { ipv4: u32::from(std::net::Ipv4Addr::new(10, 77, 0, 1)).to_be(), port: 47_001, reserved: 0 };
+            maps.insert_port(port, TEST_GROUP, 0)?;
+            let open = |name| kvmap::open_pinned(&dir.join(name));
+            Ok((maps, open(names::KVCTL)?, open(names::KVTABS)?, open(names::KVCOUNT)?))
+        })();
+        crate::loader::tear_down(&dir);
+        let (_maps, kvctl, kvtabs, kvcount) = opened.unwrap();
+        let table = kvmap::create_hash("ab_kvtab", size_of_key(), 8, 4, kvmap::BPF_F_NO_PREALLOC).unwrap();
+        let fd = std::os::fd::AsRawFd::as_raw_fd(&table) as u32;
+        kvmap::update(&kvtabs, &0u32, &fd, "kvtabs").unwrap();
+        let arming = KvCtl { seq: 1, group: TEST_GROUP, rank: 0, key_max: 64, dtype: Dtype::I64.code(), op: 0, fold: 1, ..KvCtl::default() };
+        kvmap::update(&kvctl, &0u32, &arming, "kvctl").unwrap();
+        let program = obj.program(crate::bpf::programs::XDP_INGRESS).unwrap();
+        let run = |frame: &[u8]| test_run(program.fd().unwrap().as_fd(), frame).unwrap();
+        use std::os::fd::AsFd;
+
+        let frame = kv_frame(1, 1, &[(b"cat", 2), (b"dog", 5), (b"cat", 1)]);
+        let out = run(&frame);
+        assert_eq!(out.retval, xdp::TX, "folded and acknowledged");
+        let (ack, kind) = Header::read_from(&out.frame[42..]).unwrap();
+        assert_eq!((kind, ack.sender, ack.chunk, ack.seq), (Kind::KvAck, 0, 1, 1));
+        assert_eq!(out.frame.len(), 42 + crate::wire::HDR_LEN, "payload cut");
+        assert_eq!(&out.frame[26..30], &[10, 77, 0, 1], "from the owner");
+        assert_eq!(&out.frame[30..34], &[10, 77, 0, 2], "to the mapper");
+        assert_eq!((kernel_value(&table, b"cat"), kernel_value(&table, b"dog")), (Some(3), Some(5)));
+        let mut count = KvCount::default();
+        kvmap::lookup(&kvcount, &1u32, &mut count, "kvcount").unwrap();
+        assert_eq!(count, KvCount { batches: 1, pairs: 3 });
+
+        // A repeat: acknowledged again, not folded again.
+        assert_eq!(run(&frame).retval, xdp::TX);
+        assert_eq!(kernel_value(&table, b"cat"), Some(3));
+
+        // A long key last: the first two folded, the batch goes up.
+        let long = [b'x'; 40];
+        let spill = kv_frame(1, 2, &[(b"cat", 10), (b"emu", 1), (&long, 7)]);
+        for _ in 0..2 {
+            let out = run(&spill);
+            assert_eq!(out.retval, xdp::PASS);
+            let (h, _) = Header::read_from(&out.frame[42..]).unwrap();
+            assert_eq!(h.flags & FLAG_KV_SPILL, FLAG_KV_SPILL);
+            assert_eq!((h.nchunks & 0xffff, h.nchunks >> 16), (64, 2), "two pairs folded");
+            assert_eq!(&out.frame[42 + crate::wire::HDR_LEN..], &spill[42 + crate::wire::HDR_LEN..], "pairs unchanged");
+        }
+        assert_eq!((kernel_value(&table, b"cat"), kernel_value(&table, b"emu")), (Some(13), Some(1)));
+
+        // The table holds 4 keys: a fourth fits, the fifth spills from there.
+        let full = kv_frame(1, 3, &[(b"dog", 1), (b"fox", 1), (b"gnu", 1), (b"cat", 1)]);
+        let out = run(&full);
+        assert_eq!(out.retval, xdp::PASS);
+        let (h, _) = Header::read_from(&out.frame[42..]).unwrap();
+        assert_eq!(h.nchunks >> 16, 2, "dog and fox folded, gnu did not fit");
+        assert_eq!((kernel_value(&table, b"fox"), kernel_value(&table, b"gnu")), (Some(1), None));
+
+        // Another operation than the armed one: up, untouched.
+        let other = kv_frame(2, 4, &[(b"cat", 1)]);
+        let out = run(&other);
+        assert_eq!(out.retval, xdp::PASS);
+        assert_eq!(out.frame, other);
+        assert_eq!(kernel_value(&table, b"cat"), Some(13));
+    }
+
+    fn size_of_key() -> u32 {
+        std::mem::size_of::<KvKey>() as u32
     }
 
     #[test]

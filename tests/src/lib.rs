@@ -345,7 +345,7 @@ impl Zipf {
 pub fn zipf_key(id: usize) -> Vec<u8> {
     let mut key = format!("k{id}").into_bytes();
     let h = splitmix(id as u64);
-    if h % 4 == 0 {
+    if h.is_multiple_of(4) {
         let want = 33 + (h >> 8) as usize % 16;
         while key.len() < want {
             key.push(b'a' + (key.len() % 26) as u8);

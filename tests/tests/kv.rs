@@ -33,6 +33,10 @@ const HOSTS: usize = 8;
 const MASTER_PORT: u16 = 29_800;
 
 type DatapathOf = fn(usize) -> &'static str;
+/// Each rank's report line, as fields.
+type Reports = Vec<HashMap<String, String>>;
+/// The pairs each rank owns.
+type Owned = Vec<HashMap<Vec<u8>, u64>>;
 
 fn rank_binary() -> PathBuf {
     env!("CARGO_BIN_EXE_aggbox-kv-rank").into()
@@ -79,7 +83,7 @@ fn run(
     datapath_of: DatapathOf,
     args: &[String],
     port: u16,
-) -> (Vec<HashMap<String, String>>, Vec<HashMap<Vec<u8>, u64>>) {
+) -> (Reports, Owned) {
     let scratch = Scratch::new(&format!("run{port}"));
     let start = Instant::now();
     let ranks = spawn(cluster, n, datapath_of, args, port, &scratch, &[]);
