@@ -398,6 +398,13 @@ typedef struct aggbox_kv_config {
    * at least 1. Default 65536.
    */
   uint64_t kernel_capacity;
+  /**
+   * 1 (the default): combine on the mapper, as MapReduce's combiner:
+   * pairs of one key bound for one owner are folded into one before they
+   * are sent (up to 32768 keys per owner at a time); the result is the
+   * same (an f64 SUM adds in another order). 0: send every pair.
+   */
+  uint32_t combine;
 } aggbox_kv_config;
 
 /**
@@ -446,6 +453,11 @@ typedef struct aggbox_kv_stats {
    * armed the operation (dropped; sent again and folded by XDP).
    */
   uint64_t batches_unarmed;
+  /**
+   * Pairs this rank combined into an earlier pair of the same key
+   * before sending (`aggbox_kv_config.combine`).
+   */
+  uint64_t pairs_combined;
 } aggbox_kv_stats;
 
 /**

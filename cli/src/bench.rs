@@ -1736,14 +1736,15 @@ fn splitmix(mut z: u64) -> u64 {
     z ^ (z >> 31)
 }
 
-/// One rank of `bench kv` (the hidden `rank-kv` command): its share of
-/// `pairs` Zipf keys over `distinct` ids (`w<id>`, value 1), one untimed
+/// One rank of `bench kv` (the hidden `rank-kv` command, `PAIRS DISTINCT
+/// COMBINE`): its share of `pairs` Zipf keys over `distinct` ids (`w<id>`,
+/// value 1), combined on the mapper when COMBINE is 1, one untimed
 /// and `rounds` timed SUM operations, after a barrier each; one line per
 /// operation: `kv round=… us=… owned=… count=… local=… kernel=… spilled=…
 /// user=…` (`count`: the sum of the values this rank owns).
 pub fn rank_kv(rounds: usize, args: &[usize]) -> Result<(), String> {
     use aggbox_core::{kv::KvConfig, Comm};
-    let [pairs, distinct] = args else { return Err("rank-kv takes PAIRS DISTINCT".into()) };
+    let [pairs, distinct, combine] = args else { return Err("rank-kv takes PAIRS DISTINCT COMBINE".into()) };
     let err = |e: aggbox_core::Error| e.to_string();
     let env = |name: &str| -> usize { std::env::var(name).ok().and_then(|v| v.parse().ok()).unwrap_or(0) };
     let (me, n) = (env("RANK"), env("WORLD_SIZE").max(1));
@@ -1764,7 +1765,7 @@ pub fn rank_kv(rounds: usize, args: &[usize]) -> Result<(), String> {
     }
     let values = vec![1u64; lens.len()];
     let mut comm = Comm::from_env().map_err(err)?;
-    let config = KvConfig { key_max: 32, kernel_capacity: 1 << 20, ..KvConfig::default() };
+    let config = KvConfig { key_max: 32, kernel_capacity: 1 << 20, combine: *combine != 0, ..KvConfig::default() };
     for round in 0..=rounds {
         comm.barrier().map_err(err)?;
         let start = std::time::Instant::now();
@@ -1782,9 +1783,10 @@ pub fn rank_kv(rounds: usize, args: &[usize]) -> Result<(), String> {
         let count: u64 = result.iter().map(|(_, v)| v).sum();
         let s = result.stats();
         println!(
-            "kv round={round} us={us} owned={} count={count} local={} kernel={} spilled={} user={} unarmed={} retransmits={}",
+            "kv round={round} us={us} owned={} count={count} local={} combined={} kernel={} spilled={} user={} unarmed={} retransmits={}",
             result.len(),
             s.pairs_local,
+            s.pairs_combined,
             s.pairs_folded_kernel,
             s.spilled,
             s.pairs_folded_user,
@@ -1802,14 +1804,15 @@ struct KvRun {
     /// Over the timed operations: pairs folded locally, by owners' XDP,
     /// spilled, by owners' processes.
     local: f64,
+    combined: f64,
     kernel: f64,
     spilled: f64,
     user: f64,
     retransmits: f64,
 }
 
-fn kv_run(cluster: &Cluster, datapath: &str, pairs: usize, distinct: usize, rounds: usize, port: u16) -> Result<KvRun, String> {
-    let children = spawn_ranks(cluster, datapath, "rank-kv", rounds, &[pairs, distinct], port)?;
+fn kv_run(cluster: &Cluster, datapath: &str, combine: bool, pairs: usize, distinct: usize, rounds: usize, port: u16) -> Result<KvRun, String> {
+    let children = spawn_ranks(cluster, datapath, "rank-kv", rounds, &[pairs, distinct, usize::from(combine)], port)?;
     let mut outputs = Vec::new();
     for child in children {
         let out = child.wait_with_output().map_err(|e| e.to_string())?;
@@ -1822,7 +1825,7 @@ fn kv_run(cluster: &Cluster, datapath: &str, pairs: usize, distinct: usize, roun
     if lines.iter().any(|l| l.len() != rounds + 1) {
         return Err(format!("{datapath}: a rank did not report every operation"));
     }
-    let mut run = KvRun { slowest: Vec::new(), local: 0.0, kernel: 0.0, spilled: 0.0, user: 0.0, retransmits: 0.0 };
+    let mut run = KvRun { slowest: Vec::new(), local: 0.0, combined: 0.0, kernel: 0.0, spilled: 0.0, user: 0.0, retransmits: 0.0 };
     for round in 0..=rounds {
         let count: f64 = lines.iter().map(|l| field(l[round], "count")).sum();
         if count != pairs as f64 {
@@ -1834,6 +1837,7 @@ fn kv_run(cluster: &Cluster, datapath: &str, pairs: usize, distinct: usize, roun
         run.slowest.push(lines.iter().map(|l| field(l[round], "us")).fold(0.0, f64::max) / 1e6);
         let sum = |key: &str| lines.iter().map(|l| field(l[round], key)).sum::<f64>();
         run.local += sum("local");
+        run.combined += sum("combined");
         run.kernel += sum("kernel");
         run.spilled += sum("spilled");
         run.user += sum("user");
@@ -1849,23 +1853,34 @@ pub fn kv(hosts: usize, pairs: usize, distinct: usize, rounds: usize) -> Result<
         "key-value reduce (word count: {pairs} pairs, {distinct} distinct Zipf keys, value 1, SUM) on {hosts} hosts, MTU 1500; \
          the slowest rank's time per operation, median of {rounds}; the counts of every operation checked to add up"
     );
-    let user = kv_run(&cluster, "user", pairs, distinct, rounds, 29_520)?;
-    let kernel = kv_run(&cluster, "kernel", pairs, distinct, rounds, 29_521)?;
-    for (name, run) in [("user", &user), ("kernel", &kernel)] {
+    let mut medians = Vec::new();
+    for (k, (name, datapath, combine)) in
+        [("user", "user", false), ("kernel", "kernel", false), ("user+combine", "user", true), ("kernel+combine", "kernel", true)]
+            .into_iter()
+            .enumerate()
+    {
+        let run = kv_run(&cluster, datapath, combine, pairs, distinct, rounds, 29_520 + k as u16)?;
         let t = median(&mut run.slowest.clone());
+        medians.push(t);
         let sent = run.kernel + run.spilled + run.user;
         println!(
-            "{name:<6} {:>8.3} s  {:>6.2} M pairs/s  pairs sent to owners: {:.0}% folded by XDP, {:.0}% spilled, {:.0}% by owners' processes; {:.0} retransmits per operation",
+            "{name:<14} {:>8.3} s  {:>6.2} M pairs/s  {:.2} M pairs sent per operation: {:.0}% folded by XDP, {:.0}% spilled, {:.0}% by owners' processes; {:.0} retransmits per operation",
             t,
             pairs as f64 / t / 1e6,
+            sent / rounds as f64 / 1e6,
             100.0 * run.kernel / sent.max(1.0),
             100.0 * run.spilled / sent.max(1.0),
             100.0 * run.user / sent.max(1.0),
             run.retransmits / rounds as f64,
         );
     }
-    let (tu, tk) = (median(&mut user.slowest.clone()), median(&mut kernel.slowest.clone()));
-    println!("kernel / user speed: {:.2}x (target 1.5x); kernel time {:.3} s (target under 0.34 s, 10x Spark's 3.4 s)", tu / tk, tk);
+    let (tu, tk, tuc, tkc) = (medians[0], medians[1], medians[2], medians[3]);
+    println!(
+        "kernel / user speed: {:.2}x without combining, {:.2}x with (target 1.5x); best kernel time {:.3} s (target under 0.34 s, 10x Spark's 3.4 s)",
+        tu / tk,
+        tuc / tkc,
+        tk.min(tkc)
+    );
     println!("not measured here: the XDP floor (a trivial XDP program dropping the same packets), Spark");
     Ok(())
 }

@@ -7,8 +7,9 @@
 //! pairs of the keys this rank owns. A key is owned by rank
 //! [`key_owner`]: the FNV-1a hash of its bytes, mod N.
 //!
-//! A mapper folds the pairs of keys it owns into its own table and packs the
-//! others into one batch per owner (`KV_DATA`, up to the group's chunk size
+//! A mapper folds the pairs of keys it owns into its own table, combines
+//! the others per owner (when configured, as MapReduce's combiner) and packs
+//! them into one batch per owner (`KV_DATA`, up to the group's chunk size
 //! of pairs). Batches to each owner are numbered 1, 2, … across operations,
 //! at most [`WINDOW`] of them unacknowledged; the owner counts each batch
 //! once (a window of counted numbers per mapper, kept across operations) and
@@ -60,6 +61,9 @@ pub const PAIR_OVERHEAD: usize = 10;
 /// owner's window of counted batch numbers per mapper).
 pub const WINDOW: usize = 256;
 
+/// Keys a mapper's combining table holds per owner before it sends them.
+pub const COMBINE_MAX: usize = 1 << 15;
+
 /// First retransmission timeout of a mapper's batches.
 const KV_RTO_INITIAL: Duration = Duration::from_millis(4);
 /// The largest.
@@ -101,11 +105,17 @@ pub struct KvConfig {
     /// kernel datapath; pairs beyond it spill to user space). Not used by
     /// the user datapath; at least 1.
     pub kernel_capacity: usize,
+    /// Combine on the mapper (as MapReduce's combiner): pairs of one key
+    /// bound for one owner are folded into one before they are sent, in a
+    /// table of up to [`COMBINE_MAX`] keys per owner (sent when it is full,
+    /// and at finish). The result is the same (SUM, MIN and MAX are
+    /// associative and commutative; an f64 SUM adds in another order).
+    pub combine: bool,
 }
 
 impl Default for KvConfig {
     fn default() -> KvConfig {
-        KvConfig { key_max: 64, dtype: Dtype::I64, op: ReduceOp::Sum, kernel_capacity: 1 << 16 }
+        KvConfig { key_max: 64, dtype: Dtype::I64, op: ReduceOp::Sum, kernel_capacity: 1 << 16, combine: true }
     }
 }
 
@@ -174,6 +184,9 @@ pub struct KvStats {
     pub pairs_emitted: u64,
     /// Of those, pairs of keys it owns (folded at once, never sent).
     pub pairs_local: u64,
+    /// Of those, pairs the mapper combined into an earlier pair of the
+    /// same key before sending ([`KvConfig::combine`]).
+    pub pairs_combined: u64,
     /// Batches sent to owners, first transmissions only.
     pub batches_sent: u64,
     /// Batches sent again (not acknowledged in time).
@@ -272,18 +285,39 @@ impl Table {
         Table { index: HashTable::new(), arena: Vec::new(), dtype, op }
     }
 
-    /// Folds `value` into `key`'s entry (made when it is new).
-    fn fold(&mut self, key: &[u8], value: u64) {
+    /// Keys held.
+    fn len(&self) -> usize {
+        self.index.len()
+    }
+
+    /// Forgets every key, keeping the room.
+    fn clear(&mut self) {
+        self.index.clear();
+        self.arena.clear();
+    }
+
+    /// Every (key, value).
+    fn pairs(&self) -> impl Iterator<Item = (&[u8], u64)> + '_ {
+        self.index.iter().map(|s| (&self.arena[s.start as usize..][..s.len as usize], s.value))
+    }
+
+    /// Folds `value` into `key`'s entry (made when it is new); returns
+    /// whether the key was there.
+    fn fold(&mut self, key: &[u8], value: u64) -> bool {
         let hash = table_hash(key);
         let arena = &self.arena;
         let found = self.index.find_mut(hash, |s| s.hash == hash && &arena[s.start as usize..][..s.len as usize] == key);
         match found {
-            Some(slot) => slot.value = combine(self.dtype, self.op, slot.value, value),
+            Some(slot) => {
+                slot.value = combine(self.dtype, self.op, slot.value, value);
+                true
+            }
             None => {
                 let start = self.arena.len() as u32;
                 self.arena.extend_from_slice(key);
                 let slot = Slot { hash, start, len: key.len() as u32, value };
                 self.index.insert_unique(hash, slot, |s| s.hash);
+                false
             }
         }
     }
@@ -579,6 +613,9 @@ pub(crate) struct KvOp {
     kernel: Option<KvOpKernel>,
     /// Scratch of one batch, to put its long keys last.
     reorder: Vec<u8>,
+    /// Per owner: the mapper's combining table (empty without
+    /// [`KvConfig::combine`]).
+    combining: Vec<Table>,
 }
 
 impl KvOp {
@@ -660,6 +697,7 @@ impl Comm {
         self.kv.op = Some(Box::new(KvOp {
             kernel,
             reorder: Vec::with_capacity(self.chunk),
+            combining: (0..n).map(|_| Table::new(config.dtype, config.op)).collect(),
             seq,
             config: *config,
             table: Table::new(config.dtype, config.op),
@@ -741,6 +779,41 @@ impl Comm {
                 op.table.fold(key, value);
                 continue;
             }
+            if op.config.combine {
+                if op.combining[owner].fold(key, value) {
+                    op.stats.pairs_combined += 1;
+                } else if op.combining[owner].len() >= COMBINE_MAX {
+                    self.kv_send_combined(owner)?;
+                }
+                continue;
+            }
+            self.kv_append(owner, key, value)?;
+        }
+        self.kv_flush_data()?;
+        // Take what came meanwhile (acknowledgments, others' batches),
+        // without waiting.
+        self.kv_progress(Instant::now())
+    }
+
+    /// Packs what `owner`'s combining table holds into batches, and
+    /// empties it.
+    fn kv_send_combined(&mut self, owner: usize) -> Result<()> {
+        let op = self.kv.op.as_mut().expect("open");
+        let empty = Table::new(op.config.dtype, op.config.op);
+        let mut table = std::mem::replace(&mut op.combining[owner], empty);
+        let result = table.pairs().try_for_each(|(key, value)| self.kv_append(owner, key, value));
+        table.clear();
+        if let Some(op) = self.kv.op.as_mut() {
+            op.combining[owner] = table;
+        }
+        result
+    }
+
+    /// Appends a pair to the batch being filled for `owner`, sealing it
+    /// first when the pair does not fit.
+    fn kv_append(&mut self, owner: usize, key: &[u8], value: u64) -> Result<()> {
+        {
+            let op = self.kv.op.as_mut().expect("open");
             let need = PAIR_OVERHEAD + key.len();
             if op.streams[owner].fill + need > op.chunk {
                 self.kv_seal(owner)?;
@@ -757,10 +830,7 @@ impl Comm {
             stream.pairs += 1;
             stream.long += u32::from(key.len() > KERNEL_KEY);
         }
-        self.kv_flush_data()?;
-        // Take what came meanwhile (acknowledgments, others' batches),
-        // without waiting.
-        self.kv_progress(Instant::now())
+        Ok(())
     }
 
     /// Seals the batch being filled for `owner` and queues it; waits for
@@ -921,8 +991,10 @@ impl Comm {
     fn kv_finish_open(&mut self) -> Result<KvResult> {
         let n = self.size();
         let me = self.rank();
-        // Seal what is left, then tell every owner how many batches it got.
+        // Send what is combined, seal what is left, then tell every owner
+        // how many batches it got.
         for owner in (0..n).filter(|&o| o != me) {
+            self.kv_send_combined(owner)?;
             if self.kv.op.as_ref().expect("open").streams[owner].fill > 0 {
                 self.kv_seal(owner)?;
             }

@@ -50,6 +50,11 @@ pub struct aggbox_kv_config {
     /// kernel datapath (pairs beyond it spill to user space, still exact);
     /// at least 1. Default 65536.
     pub kernel_capacity: u64,
+    /// 1 (the default): combine on the mapper, as MapReduce's combiner:
+    /// pairs of one key bound for one owner are folded into one before they
+    /// are sent (up to 32768 keys per owner at a time); the result is the
+    /// same (an f64 SUM adds in another order). 0: send every pair.
+    pub combine: u32,
 }
 
 /// The smallest `size` accepted: up to and including `op`.
@@ -65,6 +70,7 @@ impl Default for aggbox_kv_config {
             dtype: RawDtype::from(defaults.dtype.code()),
             op: defaults.op.code() as RawOp,
             kernel_capacity: defaults.kernel_capacity as u64,
+            combine: u32::from(defaults.combine),
         }
     }
 }
@@ -96,6 +102,7 @@ impl aggbox_kv_config {
             dtype,
             op,
             kernel_capacity: usize::try_from(config.kernel_capacity).unwrap_or(usize::MAX),
+            combine: config.combine != 0,
         })
     }
 }
@@ -421,6 +428,9 @@ pub struct aggbox_kv_stats {
     /// Kernel datapath: batches that reached this owner's socket before it
     /// armed the operation (dropped; sent again and folded by XDP).
     pub batches_unarmed: u64,
+    /// Pairs this rank combined into an earlier pair of the same key
+    /// before sending (`aggbox_kv_config.combine`).
+    pub pairs_combined: u64,
 }
 
 /// Writes what the operation of `result` did at this rank into `*stats`:
@@ -454,6 +464,7 @@ pub unsafe extern "C" fn aggbox_kv_result_stats(
             pairs_folded_kernel: s.pairs_folded_kernel,
             spilled: s.spilled,
             batches_unarmed: s.batches_unarmed,
+            pairs_combined: s.pairs_combined,
         };
         // SAFETY: `size` bytes are writable (the caller's promise) and no
         // more than the struct (checked).
@@ -493,7 +504,7 @@ mod tests {
             .map(|rank| {
                 thread::spawn(move || {
                     let comm = comm(rank, 2, 29_671);
-                    let mut config = aggbox_kv_config { size: 0, key_max: 0, dtype: 0, op: 0, kernel_capacity: 0 };
+                    let mut config = aggbox_kv_config { size: 0, key_max: 0, dtype: 0, op: 0, kernel_capacity: 0, combine: 0 };
                     unsafe { aggbox_kv_config_init(&mut config) };
                     assert_eq!(config.key_max, 64);
                     let mut kv = ptr::null_mut();

@@ -98,7 +98,7 @@ fn run(
         owned.push(read_pairs(&scratch.out(i)));
     }
     eprintln!(
-        "{args:?} on {n} ranks ({}, {}) in {:?}: {} batches, {} retransmits, {} duplicates; pairs: {} local, {} by owners' processes, {} by XDP, {} spilled; {} batches before arming",
+        "{args:?} on {n} ranks ({}, {}) in {:?}: {} batches, {} retransmits, {} duplicates; pairs: {} local, {} combined, {} by owners' processes, {} by XDP, {} spilled; {} batches before arming",
         datapath_of(0),
         datapath_of(1 % n),
         start.elapsed(),
@@ -106,6 +106,7 @@ fn run(
         total(&reports, "retransmits"),
         total(&reports, "duplicates"),
         total(&reports, "local"),
+        total(&reports, "combined"),
         total(&reports, "folded_user"),
         total(&reports, "folded_kernel"),
         total(&reports, "spilled"),
@@ -129,10 +130,11 @@ fn total(reports: &[HashMap<String, String>], key: &str) -> u64 {
     reports.iter().map(|r| number(r, key)).sum()
 }
 
-/// Pairs folded, by the rank that emitted them (its own keys), by owners'
-/// processes, by owners' XDP, and spilled from XDP to owners' processes.
+/// Pairs folded, by the rank that emitted them (its own keys, and pairs
+/// combined into an earlier one of the same key), by owners' processes, by
+/// owners' XDP, and spilled from XDP to owners' processes.
 fn folded(reports: &[HashMap<String, String>]) -> u64 {
-    ["local", "folded_user", "folded_kernel", "spilled"].iter().map(|k| total(reports, k)).sum()
+    ["local", "combined", "folded_user", "folded_kernel", "spilled"].iter().map(|k| total(reports, k)).sum()
 }
 
 /// Every key at its owner, every value equal to the reference's, and no
@@ -215,21 +217,27 @@ fn zipf_pairs_sum_min_max_on_each_datapath_equal_a_plain_loop() {
     let _serial = serial();
     let cluster = Cluster::temporary(HOSTS).unwrap();
     let pairs: usize = std::env::var("AGGBOX_KV_PAIRS").ok().and_then(|v| v.parse().ok()).unwrap_or(10_000_000);
-    let cases: [(usize, &str, &str, DatapathOf); 5] = [
-        (100_000, "i64", "sum", user),
-        (100_000, "i64", "sum", kernel),
-        (1_000_000, "i64", "sum", mixed),
-        (100_000, "u64", "min", mixed),
-        (100_000, "f64", "max", user),
+    // (distinct, dtype, op, datapaths, combine on the mappers)
+    let cases: [(usize, &str, &str, DatapathOf, bool); 6] = [
+        (100_000, "i64", "sum", user, false),
+        (100_000, "i64", "sum", kernel, false),
+        (100_000, "i64", "sum", kernel, true),
+        (1_000_000, "i64", "sum", mixed, true),
+        (100_000, "u64", "min", mixed, false),
+        (100_000, "f64", "max", user, true),
     ];
-    for (k, (distinct, dtype, op, datapath_of)) in cases.into_iter().enumerate() {
+    for (k, (distinct, dtype, op, datapath_of, combine)) in cases.into_iter().enumerate() {
         let (dt, o) = (
             match dtype { "i64" => Dtype::I64, "u64" => Dtype::U64, _ => Dtype::F64 },
             match op { "sum" => ReduceOp::Sum, "min" => ReduceOp::Min, _ => ReduceOp::Max },
         );
         let seed = 7 + k as u64;
         let want = reference_zipf(HOSTS, pairs, distinct, seed, dt, o);
-        let (reports, owned) = run(&cluster, HOSTS, datapath_of, &zipf_args(pairs, distinct, seed, dtype, op), MASTER_PORT + 10 + k as u16);
+        let mut args = zipf_args(pairs, distinct, seed, dtype, op);
+        if !combine {
+            args.push("--no-combine".into());
+        }
+        let (reports, owned) = run(&cluster, HOSTS, datapath_of, &args, MASTER_PORT + 10 + k as u16);
         assert_exact(&owned, &want, &format!("{pairs} pairs, {distinct} distinct, {dtype} {op}"));
         assert_eq!(total(&reports, "emitted"), pairs as u64);
         assert_eq!(folded(&reports), pairs as u64, "every pair folded once");
@@ -252,6 +260,9 @@ fn loss_duplication_and_reordering_change_no_count() {
         let want = reference_zipf(HOSTS, pairs, distinct, seed, Dtype::I64, ReduceOp::Sum);
         let mut args = zipf_args(pairs, distinct, seed, "i64", "sum");
         args.extend(["--rounds".into(), "2".into()]);
+        if k < 2 {
+            args.push("--no-combine".into());
+        }
         let (reports, owned) = run(&cluster, HOSTS, datapath_of, &args, MASTER_PORT + 20 + k as u16);
         let after = cluster.fault_stats().unwrap();
         let delta = |f: fn(&aggbox_core::fault::FaultStats) -> u64| -> u64 { after.iter().zip(&before).map(|(a, b)| f(a) - f(b)).sum() };
@@ -271,9 +282,9 @@ fn a_rank_killed_mid_operation_is_named_by_every_survivor() {
     let scratch = Scratch::new("kill");
     // Long enough for the kernel ranks to load and attach the programs
     // while the others wait at rendezvous.
-    let timeout = Duration::from_millis(6000);
+    let timeout = Duration::from_millis(10_000);
     let args = zipf_args(400_000, 10_000, 3, "i64", "sum").into_iter().chain(["--forever".to_string()]).collect::<Vec<_>>();
-    let mut ranks = spawn(&cluster, HOSTS, mixed, &args, MASTER_PORT + 30, &scratch, &[("AGGBOX_TIMEOUT_MS", "6000")]);
+    let mut ranks = spawn(&cluster, HOSTS, mixed, &args, MASTER_PORT + 30, &scratch, &[("AGGBOX_TIMEOUT_MS", "10000")]);
     let victim = 5;
     ranks[victim].wait_for("kv ");
     ranks[victim].wait_for("kv ");
@@ -331,7 +342,7 @@ fn on_the_kernel_datapath_xdp_folds_every_pair_that_crosses_the_network() {
     let (local, kernel_folded) = (total(&reports, "local"), total(&reports, "folded_kernel"));
     assert_eq!(total(&reports, "folded_user"), 0, "no owner's process folded a batch");
     assert_eq!(total(&reports, "spilled"), 0, "nothing spilled");
-    assert_eq!(local + kernel_folded, 3 * words, "every pair folded once: by its mapper (own keys) or by its owner's XDP");
+    assert_eq!(local + total(&reports, "combined") + kernel_folded, 3 * words, "every pair folded once: by its mapper (own keys, combined) or by its owner's XDP");
     let (batches, unarmed) = (total(&reports, "batches"), total(&reports, "unarmed"));
     eprintln!("{batches} batches; {unarmed} reached a socket before their owner armed the operation");
     assert!(unarmed * 10 <= batches, "{unarmed} of {batches} batches reached an owner's socket");

@@ -5,7 +5,7 @@
 //!
 //! `aggbox-kv-rank --out PATH [--files LIST | --zipf PAIRS:DISTINCT:SEED]
 //!  [--dtype i64|u64|f64] [--op sum|min|max] [--key-max N] [--capacity N]
-//!  [--batch N] [--rounds N] [--forever] [--mismatch-at RANK]`
+//!  [--batch N] [--rounds N] [--forever] [--mismatch-at RANK] [--no-combine]`
 //! - `--files LIST`: LIST holds one path per line; this rank counts the words
 //!   (`aggbox_tests::words`) of the files whose line number mod WORLD_SIZE
 //!   is its rank, each with value 1.
@@ -17,6 +17,7 @@
 //!   default 1, repeats the same operation; each round's output replaces
 //!   the last).
 //! - `--forever`: repeats rounds until a call fails.
+//! - `--no-combine`: every pair is sent (no combining on the mapper).
 //! - `--mismatch-at R`: rank R uses u64 values when the others use i64.
 //! - Lines: `kv round=I pairs=P owned=K us=T` per round, then `report
 //!   rank=… datapath=… emitted=… local=… batches=… retransmits=…
@@ -57,8 +58,12 @@ fn parse_args() -> Args {
     };
     let mut i = 0;
     while i < argv.len() {
-        if argv[i] == "--forever" {
-            args.forever = true;
+        if argv[i] == "--forever" || argv[i] == "--no-combine" {
+            if argv[i] == "--forever" {
+                args.forever = true;
+            } else {
+                args.config.combine = false;
+            }
             i += 1;
             continue;
         }
@@ -140,6 +145,7 @@ fn my_pairs(args: &Args, rank: usize, ranks: usize) -> Pairs {
 fn add(total: &mut KvStats, s: KvStats) {
     total.pairs_emitted += s.pairs_emitted;
     total.pairs_local += s.pairs_local;
+    total.pairs_combined += s.pairs_combined;
     total.batches_sent += s.batches_sent;
     total.retransmits += s.retransmits;
     total.duplicates += s.duplicates;
@@ -190,10 +196,11 @@ fn main() {
     }
     let stats = comm.stats().unwrap_or_else(|e| fail(&e));
     println!(
-        "report rank={rank} datapath={} emitted={} local={} batches={} retransmits={} duplicates={} folded_user={} folded_kernel={} spilled={} unarmed={} packets_received={}",
+        "report rank={rank} datapath={} emitted={} local={} combined={} batches={} retransmits={} duplicates={} folded_user={} folded_kernel={} spilled={} unarmed={} packets_received={}",
         comm.datapath().name(),
         total.pairs_emitted,
         total.pairs_local,
+        total.pairs_combined,
         total.batches_sent,
         total.retransmits,
         total.duplicates,
