@@ -61,6 +61,12 @@ pub const PAIR_OVERHEAD: usize = 10;
 /// owner's window of counted batch numbers per mapper).
 pub const WINDOW: usize = 256;
 
+/// Batches a mapper keeps unacknowledged to an owner on the kernel
+/// datapath: XDP on veth takes frames from a ring of 256, which the bursts
+/// of eight mappers with [`WINDOW`] each overflowed (the drops cost
+/// retransmission timeouts); 7 mappers × 32 fit it.
+pub const KERNEL_WINDOW: usize = 32;
+
 /// Keys a mapper's combining table holds per owner before it sends them.
 pub const COMBINE_MAX: usize = 1 << 15;
 
@@ -573,6 +579,9 @@ struct Stream {
     low: u32,
     /// The batch being filled (sealed ones are below it).
     next: u32,
+    /// Batches it may have unacknowledged ([`WINDOW`], or
+    /// [`KERNEL_WINDOW`] to an owner on the kernel datapath).
+    window: usize,
     /// Bytes and pairs in the batch being filled, and how many of those
     /// pairs have keys longer than the kernel key.
     fill: usize,
@@ -664,6 +673,7 @@ impl Comm {
                     first,
                     low: first,
                     next: first,
+                    window: if self.group.peers[o].datapath == Datapath::Kernel { KERNEL_WINDOW } else { WINDOW },
                     fill: 0,
                     pairs: 0,
                     long: 0,
@@ -841,7 +851,7 @@ impl Comm {
             let stream = &op.streams[owner];
             // The ring holds batches low..=next (next is being filled):
             // the one after it needs a free slot.
-            if (stream.next.wrapping_sub(stream.low) as usize) + 1 < WINDOW {
+            if (stream.next.wrapping_sub(stream.low) as usize) + 1 < stream.window {
                 break;
             }
             // The window is full: the oldest batch is not acknowledged yet.
