@@ -1744,8 +1744,8 @@ mod tests {
         let n = 3;
         let results = ranks(n, 29_661, 10_000, move |rank, comm| {
             let mut out = Vec::new();
-            for (op, dtype) in [(ReduceOp::Sum, Dtype::I64), (ReduceOp::Min, Dtype::I64), (ReduceOp::Max, Dtype::U64)] {
-                let config = KvConfig { dtype, op, ..KvConfig::default() };
+            for (op, dtype, combine) in [(ReduceOp::Sum, Dtype::I64, false), (ReduceOp::Min, Dtype::I64, true), (ReduceOp::Max, Dtype::U64, false)] {
+                let config = KvConfig { dtype, op, combine, ..KvConfig::default() };
                 comm.kv_begin(&config).unwrap();
                 let (keys, lens, values) = pairs(rank, 20_000, 3_000);
                 // In a few emits of different sizes.
@@ -1755,6 +1755,9 @@ mod tests {
                     comm.kv_emit(&keys[k..k + bytes], &lens[v..v + step], &values[v..v + step]).unwrap();
                     k += bytes;
                     v += step;
+                    // Another collective meanwhile: it handles the batches
+                    // that arrive during it.
+                    comm.barrier().unwrap();
                 }
                 let result = comm.kv_finish().unwrap();
                 let got: HashMap<Vec<u8>, u64> = result.iter().map(|(k, v)| (k.to_vec(), v)).collect();
