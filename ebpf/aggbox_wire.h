@@ -43,6 +43,21 @@ enum aggbox_kind {
 	AGGBOX_KIND_MAX = 16, /* first unused value */
 };
 
+/* Key-value reduce (docs/KV.md), a range of its own so the kinds above may
+ * grow: a kind is valid when it is in [1, AGGBOX_KIND_MAX) or in
+ * [AGGBOX_KIND_KV_FIRST, AGGBOX_KIND_KV_MAX). `seq` is the operation,
+ * `chunk` the batch number (per mapper and owner, across operations),
+ * `nchunks` the configured key maximum, `dtype`/`op` the values'. */
+enum aggbox_kv_kind {
+	AGGBOX_KIND_KV_FIRST = 20,
+	AGGBOX_KIND_KV_DATA = 20, /* mapper -> owner: batch `chunk` of `count` pairs */
+	AGGBOX_KIND_KV_ACK = 21, /* owner -> mapper: "batch `chunk` is counted" */
+	AGGBOX_KIND_KV_FIN = 22, /* mapper -> owner: "I sent you `count` batches in `seq`" */
+	AGGBOX_KIND_KV_FIN_ACK = 23, /* owner -> mapper: "I counted all of them" */
+	AGGBOX_KIND_KV_ABORT = 24, /* any -> any: "key-value reduce `seq` failed: rank `count`" */
+	AGGBOX_KIND_KV_MAX = 25, /* first unused value of the range */
+};
+
 /* Header flags. */
 #define AGGBOX_FLAG_RETRANSMIT 0x0001 /* this datagram repeats an earlier one */
 #define AGGBOX_FLAG_FANOUT 0x0002 /* BCAST_DATA: TC egress clones it to every member;

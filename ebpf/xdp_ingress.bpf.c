@@ -5,11 +5,13 @@
  * broadcast chunks in receive windows and answers them, folds broadcast ACKs
  * at the root (aggbox_bcast.h), folds reduction contributions at a chunk's
  * owner and places results at the members (aggbox_reduce.h, with its
- * tail-called fold stage below), and passes everything else up.
+ * tail-called fold stage below), folds key-value pairs into an owner's
+ * kernel table (aggbox_kv.h, likewise), and passes everything else up.
  */
 /* Folding ACKs needs atomic fetch-and-or: build.rs compiles this for BPF v3. */
 #define AGGBOX_NEEDS_ATOMICS 1
 #include "aggbox_reduce.h"
+#include "aggbox_kv.h"
 
 SEC("xdp")
 int aggbox_xdp_ingress(struct xdp_md *ctx)
@@ -40,6 +42,8 @@ int aggbox_xdp_ingress(struct xdp_md *ctx)
 			aggbox_rcount(AGGBOX_RSTAT_FORGED); /* only these programs make them */
 			return XDP_DROP;
 		}
+		if (pkt.hdr->kind == AGGBOX_KIND_KV_DATA)
+			return aggbox_xdp_kv_data(ctx, &pkt);
 		return XDP_PASS;
 	case AGGBOX_OTHER:
 	default:
@@ -52,6 +56,13 @@ SEC("xdp")
 int aggbox_xdp_red_fold(struct xdp_md *ctx)
 {
 	return aggbox_xdp_red_fold_stage(ctx);
+}
+
+/* Key-value reduce's fold stage, reached only by tail call (ab_kvprogs). */
+SEC("xdp")
+int aggbox_xdp_kv_fold(struct xdp_md *ctx)
+{
+	return aggbox_xdp_kv_fold_stage(ctx);
 }
 
 char LICENSE[] SEC("license") = "Dual BSD/GPL";

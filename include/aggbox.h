@@ -293,6 +293,19 @@ typedef enum aggbox_stat {
 typedef struct aggbox_comm aggbox_comm;
 
 /**
+ * An open key-value reduce on a communicator. Opaque; made by
+ * `aggbox_kv_begin`, freed by `aggbox_kv_finish` (always, whether it
+ * succeeds or not).
+ */
+typedef struct aggbox_kv aggbox_kv;
+
+/**
+ * The reduced pairs of the keys one rank owns, sorted by key bytes.
+ * Opaque; made by `aggbox_kv_finish`, freed by `aggbox_kv_result_free`.
+ */
+typedef struct aggbox_kv_result aggbox_kv_result;
+
+/**
  * An asynchronous operation started by `aggbox_ibroadcast` or
  * `aggbox_iallreduce`. Opaque; the
  * caller owns it and frees it with `aggbox_request_free` (which waits for
@@ -352,6 +365,100 @@ typedef struct aggbox_config {
    */
   uint32_t timeout_ms;
 } aggbox_config;
+
+/**
+ * What a key-value reduce does; the same on every rank. Size-versioned:
+ * fill it in with `aggbox_kv_config_init`, which sets `size` and every
+ * default, then change the fields you need.
+ */
+typedef struct aggbox_kv_config {
+  /**
+   * `sizeof(aggbox_kv_config)` as the program was compiled; set by
+   * `aggbox_kv_config_init`.
+   */
+  size_t size;
+  /**
+   * The longest key, in bytes, from `AGGBOX_KV_KEY_MAX_MIN` (32) to
+   * `AGGBOX_KV_KEY_MAX_LIMIT` (1024). Default 64.
+   */
+  uint32_t key_max;
+  /**
+   * The values' type: `AGGBOX_DTYPE_I64`, `AGGBOX_DTYPE_U64` or
+   * `AGGBOX_DTYPE_F64`. Default `AGGBOX_DTYPE_I64`.
+   */
+  aggbox_dtype dtype;
+  /**
+   * How the values of one key combine: `AGGBOX_OP_SUM`, `AGGBOX_OP_MIN`
+   * or `AGGBOX_OP_MAX`. Default `AGGBOX_OP_SUM`.
+   */
+  aggbox_op op;
+  /**
+   * Most keys the owner's kernel table holds for one operation on the
+   * kernel datapath (pairs beyond it spill to user space, still exact);
+   * at least 1. Default 65536.
+   */
+  uint64_t kernel_capacity;
+  /**
+   * 1 (the default): combine on the mapper, as MapReduce's combiner:
+   * pairs of one key bound for one owner are folded into one before they
+   * are sent (up to 32768 keys per owner at a time); the result is the
+   * same (an f64 SUM adds in another order). 0: send every pair.
+   */
+  uint32_t combine;
+} aggbox_kv_config;
+
+/**
+ * What the operation did at this rank (`aggbox_kv_result_stats`).
+ * Size-versioned: set `size` to `sizeof(aggbox_kv_stats)` first.
+ */
+typedef struct aggbox_kv_stats {
+  /**
+   * `sizeof(aggbox_kv_stats)` as the program was compiled; set by the caller.
+   */
+  size_t size;
+  /**
+   * Pairs this rank emitted.
+   */
+  uint64_t pairs_emitted;
+  /**
+   * Of those, pairs of keys it owns (never sent).
+   */
+  uint64_t pairs_local;
+  /**
+   * Batches sent to owners, first transmissions only.
+   */
+  uint64_t batches_sent;
+  /**
+   * Batches sent again (not acknowledged in time).
+   */
+  uint64_t retransmits;
+  /**
+   * Batches received again after they were counted (not folded again).
+   */
+  uint64_t duplicates;
+  /**
+   * Pairs from other ranks this owner folded in user space.
+   */
+  uint64_t pairs_folded_user;
+  /**
+   * Pairs this owner's XDP folded into the kernel table.
+   */
+  uint64_t pairs_folded_kernel;
+  /**
+   * Pairs the kernel left to user space (long keys, a full kernel table).
+   */
+  uint64_t spilled;
+  /**
+   * Kernel datapath: batches that reached this owner's socket before it
+   * armed the operation (dropped; sent again and folded by XDP).
+   */
+  uint64_t batches_unarmed;
+  /**
+   * Pairs this rank combined into an earlier pair of the same key
+   * before sending (`aggbox_kv_config.combine`).
+   */
+  uint64_t pairs_combined;
+} aggbox_kv_stats;
 
 /**
  * A snapshot of a communicator's counters. Size-versioned: set `size` to
@@ -886,6 +993,129 @@ const char *aggbox_status_string(aggbox_status status);
  * `buf` is NULL or valid for writing `len` bytes.
  */
 size_t aggbox_last_error(char *buf, size_t len);
+
+/**
+ * Fills `config` with the defaults and sets its `size`. Does nothing when
+ * `config` is NULL.
+ *
+ * # Safety
+ *
+ * `config` is NULL or valid for writing an `aggbox_kv_config`.
+ */
+void aggbox_kv_config_init(struct aggbox_kv_config *config);
+
+/**
+ * Opens a key-value reduce on `comm` (collective: every rank opens it with
+ * the same config, in the same order as its other collectives) and writes
+ * its handle to `*out`. Keys are byte strings of 1 to `config->key_max`
+ * bytes; each is owned by the rank `fnv1a64(key) mod N` (FNV-1a, 64 bits,
+ * over the key's bytes: docs/KV.md), which gets its reduced value from
+ * `aggbox_kv_finish`. One operation at a time per communicator; finish it
+ * before destroying `comm`.
+ *
+ * Fails, with nothing sent and `*out` NULL, with
+ * `AGGBOX_ERR_INVALID_ARGUMENT` when an argument is NULL, `config->size`
+ * is wrong, `key_max` is outside 32..1024 (or a pair of such a key does
+ * not fit the group's datagrams), `dtype` is not i64, u64 or f64, `op` is
+ * not SUM, MIN or MAX, `kernel_capacity` is 0, or an operation is already
+ * open on `comm`.
+ *
+ * # Safety
+ *
+ * `comm` is NULL or a live communicator, `config` NULL or valid for
+ * reading `config->size` bytes, `out` NULL or valid for writing a pointer.
+ */
+enum aggbox_status aggbox_kv_begin(struct aggbox_comm *comm, const struct aggbox_kv_config *config, struct aggbox_kv **out);
+
+/**
+ * Emits `n` pairs into `kv`: key `i` is the next `key_lens[i]` bytes of
+ * `keys` (the keys concatenated), its value `values[i]`, an `int64_t`,
+ * `uint64_t` or `double` as the config's dtype says (8 bytes each). Any
+ * number of times, on any rank; the pairs are sent to their owners in
+ * batches as they fill, and the call also handles what the other ranks
+ * sent meanwhile.
+ *
+ * Fails, with none of the `n` pairs emitted, with
+ * `AGGBOX_ERR_INVALID_ARGUMENT` when `kv` is NULL, `keys`, `key_lens` or
+ * `values` is NULL while `n` is not 0, a key has length 0 or more than
+ * `key_max`, or `values` is not 8-byte aligned. It may also fail as the
+ * collective does (`AGGBOX_ERR_PEER_FAILED` naming a rank that stopped
+ * answering, a mismatch across ranks), which ends the operation: call
+ * `aggbox_kv_finish` to free `kv`, which returns the same error.
+ *
+ * # Safety
+ *
+ * `kv` is NULL or a live handle of `aggbox_kv_begin` whose communicator is
+ * alive; `keys` is valid for reading the sum of the key lengths, `key_lens`
+ * and `values` for reading `n` elements each.
+ */
+enum aggbox_status aggbox_kv_emit(struct aggbox_kv *kv, const uint8_t *keys, const uint32_t *key_lens, const void *values, size_t n);
+
+/**
+ * Ends the key-value reduce `kv` (collective) and frees it; on success
+ * writes to `*out` the reduced pairs of the keys this rank owns, sorted
+ * by key bytes (`*out` is NULL on failure). It returns once this rank has
+ * counted every batch each rank says it sent it and every owner has
+ * counted every batch this rank sent: no pair is lost or counted twice.
+ *
+ * Fails with `AGGBOX_ERR_INVALID_ARGUMENT` when `kv` or `out` is NULL (a
+ * NULL `out` frees nothing), when the ranks' configs disagree (the message
+ * says "mismatched collective calls"), or with the error of an emit that
+ * failed; with `AGGBOX_ERR_PEER_FAILED` naming a rank that stopped
+ * answering within the timeout.
+ *
+ * # Safety
+ *
+ * `kv` is NULL or a live handle whose communicator is alive; `out` NULL or
+ * valid for writing a pointer.
+ */
+enum aggbox_status aggbox_kv_finish(struct aggbox_kv *kv, struct aggbox_kv_result **out);
+
+/**
+ * Number of pairs in `result`; 0 when it is NULL.
+ *
+ * # Safety
+ *
+ * `result` is NULL or a live result of `aggbox_kv_finish`.
+ */
+size_t aggbox_kv_result_len(const struct aggbox_kv_result *result);
+
+/**
+ * Pair `i` of `result`: writes a pointer to its key's bytes (not
+ * NUL-terminated, valid until `aggbox_kv_result_free`) to `*key`, its
+ * length to `*key_len` and its value (8 bytes: `int64_t`, `uint64_t` or
+ * `double`, as configured) to `*value`. Fails with
+ * `AGGBOX_ERR_INVALID_ARGUMENT` when an argument is NULL or `i` is not
+ * below `aggbox_kv_result_len`.
+ *
+ * # Safety
+ *
+ * `result` is NULL or a live result; `key`, `key_len` and `value` are NULL
+ * or valid for writing a pointer, a `uint32_t` and 8 bytes (aligned).
+ */
+enum aggbox_status aggbox_kv_result_get(const struct aggbox_kv_result *result, size_t i, const uint8_t **key, uint32_t *key_len, void *value);
+
+/**
+ * Frees a result of `aggbox_kv_finish`; does nothing with NULL.
+ *
+ * # Safety
+ *
+ * `result` is NULL or a live result, not used afterwards.
+ */
+void aggbox_kv_result_free(struct aggbox_kv_result *result);
+
+/**
+ * Writes what the operation of `result` did at this rank into `*stats`:
+ * set `stats->size` first; the library writes that many bytes. Fails with
+ * `AGGBOX_ERR_INVALID_ARGUMENT` when an argument is NULL or `size` is
+ * wrong.
+ *
+ * # Safety
+ *
+ * `result` is NULL or a live result; `stats` NULL or valid for reading
+ * and writing `stats->size` bytes.
+ */
+enum aggbox_status aggbox_kv_result_stats(const struct aggbox_kv_result *result, struct aggbox_kv_stats *stats);
 
 /**
  * Blocks until the operation of `request` has finished and returns its

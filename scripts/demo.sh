@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # AggBox's main job on one machine: set-up, build, a 4-host virtual cluster,
-# the collectives that exist so far (barrier, broadcast, the reductions) run by C programs
+# the collectives that exist so far (barrier, broadcast, the reductions, key-value reduce) run by C programs
 # through the kernel datapath and the user datapath, what ran where and how
 # long it took, then tear-down. Needs root.
 set -euo pipefail
@@ -47,6 +47,8 @@ for datapath in kernel user; do
   run_everywhere broadcast "$datapath" 1024 1048576 16777216
   echo "== allreduce (f32 sum, i64 max, f64 avg), reduce, reduce-scatter, allgather and iallreduce of 1, 1000 and 1M elements, $datapath datapath, every element checked (examples/c/allreduce.c)"
   run_everywhere allreduce "$datapath" 1 1000 1048576
+  echo "== word count of /usr/share/common-licenses, split across $HOSTS ranks, $datapath datapath: each rank's words and the three most frequent of those it owns (examples/c/wordcount.c)"
+  run_everywhere wordcount "$datapath" /usr/share/common-licenses/*
 done
 
 echo "== kernel vs user datapath, barrier latency on $HOSTS hosts (measured now)"

@@ -72,6 +72,16 @@ enum Command {
         /// Element counts.
         counts: Vec<usize>,
     },
+    /// Run as one rank of `bench kv`: its share of PAIRS Zipf pairs over
+    /// DISTINCT keys, one untimed and `rounds` timed key-value reduces.
+    #[command(hide = true)]
+    RankKv {
+        /// Timed operations.
+        #[arg(long, default_value_t = 3)]
+        rounds: usize,
+        /// PAIRS DISTINCT.
+        args: Vec<usize>,
+    },
 }
 
 #[derive(Subcommand)]
@@ -163,6 +173,7 @@ fn run(cli: Cli) -> Result<ExitCode, String> {
         Command::Rank { barriers } => rank(barriers).map(|()| ExitCode::SUCCESS),
         Command::RankBcast { rounds, sizes } => bench::rank_bcast(rounds, &sizes).map(|()| ExitCode::SUCCESS),
         Command::RankAllreduce { rounds, counts } => bench::rank_allreduce(rounds, &counts).map(|()| ExitCode::SUCCESS),
+        Command::RankKv { rounds, args } => bench::rank_kv(rounds, &args).map(|()| ExitCode::SUCCESS),
     }
 }
 

@@ -15,6 +15,7 @@ use std::{
 
 use crate::{
     broadcast::BcastState,
+    kv::KvState,
     reduce::ReduceState,
     loader::Attachment,
     netif::{self, Interface},
@@ -121,6 +122,8 @@ pub struct Comm {
     pub(crate) bcast: BcastState,
     /// What the reductions keep between calls.
     pub(crate) red: ReduceState,
+    /// What key-value reduce keeps between calls (and its open operation).
+    pub(crate) kv: KvState,
     /// Sequence number of the last barrier entered.
     pub(crate) barrier_seq: u32,
     /// Sequence number of the last barrier rank 0 completed (released).
@@ -192,6 +195,7 @@ impl Comm {
             chunk,
             bcast: BcastState::new(n, chunk),
             red: ReduceState::new(n),
+            kv: KvState::new(n),
             barrier_seq: 0,
             barrier_done: 0,
             barrier_aborted: None,
@@ -435,6 +439,7 @@ impl Comm {
             }
             Kind::BcastData | Kind::BcastAck | Kind::BcastAbort => self.serve_stale_bcast(got),
             Kind::RedData => self.serve_stale_reduce(got),
+            Kind::KvData | Kind::KvAck | Kind::KvFin | Kind::KvFinAck | Kind::KvAbort => self.serve_stale_kv(got),
             _ => Ok(false),
         }
     }

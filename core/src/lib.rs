@@ -12,8 +12,8 @@
 //! - [`transport`]: the UDP socket a communicator sends and receives on;
 //! - [`comm`]: the communicator and its collectives; [`broadcast`] holds
 //!   the broadcast protocol, [`reduce`] allreduce, reduce, reduce-scatter
-//!   and allgather, [`op`] the reduction operators, [`dtype`] the element
-//!   types of buffers;
+//!   and allgather, [`kv`] key-value reduce, [`op`] the reduction
+//!   operators, [`dtype`] the element types of buffers;
 //! - [`cluster`], [`fault`]: the virtual cluster of network namespaces and
 //!   fault injection, for tests, demos and benchmarks;
 //! - [`doctor`]: what this host supports, and the fix for what it lacks;
@@ -31,6 +31,8 @@ pub mod doctor;
 pub mod dtype;
 pub mod error;
 pub mod fault;
+pub mod kv;
+mod kvmap;
 pub mod loader;
 pub mod maps;
 pub mod netif;

@@ -441,8 +441,9 @@ fn program_error(what: String) -> impl FnOnce(aya::programs::ProgramError) -> Er
     move |e| Error::Unsupported(format!("{what}: {}", chain(&e)))
 }
 
-/// Loads the XDP object's programs: XDP ingress, and the reduction fold
-/// stage it tail-calls, which it puts in `ab_redprogs`. Returns XDP
+/// Loads the XDP object's programs: XDP ingress, and the reduction and
+/// key-value fold stages it tail-calls, which it puts in `ab_redprogs` and
+/// `ab_kvprogs`. Returns XDP
 /// ingress, ready to attach (or to test-run).
 pub(crate) fn load_xdp(obj: &mut aya::Ebpf) -> Result<&mut Xdp> {
     let fold: &mut Xdp = obj
@@ -458,6 +459,19 @@ pub(crate) fn load_xdp(obj: &mut aya::Ebpf) -> Result<&mut Xdp> {
     let map = obj.map_mut(names::REDPROGS).ok_or_else(|| Error::Internal("ab_redprogs missing".into()))?;
     let mut progs = ProgramArray::try_from(map).map_err(|e| Error::Internal(format!("ab_redprogs: {e}")))?;
     progs.set(0, &fd, 0).map_err(map_error("putting the fold stage in ab_redprogs"))?;
+    let kv_fold: &mut Xdp = obj
+        .program_mut(bpf::programs::XDP_KV_FOLD)
+        .ok_or_else(|| Error::Internal("the key-value fold stage is missing from the XDP object".into()))?
+        .try_into()
+        .map_err(program_error("the key-value fold stage".into()))?;
+    kv_fold.load().map_err(program_error("loading the key-value fold stage".into()))?;
+    let fd = kv_fold
+        .fd()
+        .and_then(|fd| fd.try_clone().map_err(aya::programs::ProgramError::from))
+        .map_err(program_error("the key-value fold stage's fd".into()))?;
+    let map = obj.map_mut(names::KVPROGS).ok_or_else(|| Error::Internal("ab_kvprogs missing".into()))?;
+    let mut progs = ProgramArray::try_from(map).map_err(|e| Error::Internal(format!("ab_kvprogs: {e}")))?;
+    progs.set(0, &fd, 0).map_err(map_error("putting the key-value fold stage in ab_kvprogs"))?;
     let xdp: &mut Xdp = obj
         .program_mut(bpf::programs::XDP_INGRESS)
         .ok_or_else(|| Error::Internal("XDP program missing from its object".into()))?

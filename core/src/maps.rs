@@ -29,9 +29,23 @@ pub mod names {
     pub const REDPROGS: &str = "ab_redprogs";
     /// Reduction result windows (mmapable).
     pub const REDRES: &str = "ab_redres";
+    /// Key-value reduce: each communicator's kernel table (array of maps).
+    pub const KVTABS: &str = "ab_kvtabs";
+    /// Key-value reduce: each communicator's arming.
+    pub const KVCTL: &str = "ab_kvctl";
+    /// Key-value reduce: each (communicator, mapper)'s window of batch numbers.
+    pub const KVWIN: &str = "ab_kvwin";
+    /// Key-value reduce: what XDP counted per (communicator, mapper).
+    pub const KVCOUNT: &str = "ab_kvcount";
+    /// Per-CPU key-value counters.
+    pub const KVSTATS: &str = "ab_kvstats";
+    /// Key-value reduce's fold stage, for tail calls.
+    pub const KVPROGS: &str = "ab_kvprogs";
     /// Every pinned map.
-    pub const ALL: [&str; 13] =
-        [PORTS, GROUPS, MEMBERS, USERS, STATS, BSTATS, CTL, RXWIN, TXWIN, REDWIN, RSTATS, REDPROGS, REDRES];
+    pub const ALL: [&str; 19] = [
+        PORTS, GROUPS, MEMBERS, USERS, STATS, BSTATS, CTL, RXWIN, TXWIN, REDWIN, RSTATS, REDPROGS, REDRES, KVTABS,
+        KVCTL, KVWIN, KVCOUNT, KVSTATS, KVPROGS,
+    ];
 }
 
 /// `struct aggbox_port_key`.

@@ -83,6 +83,18 @@ pub enum Kind {
     /// reduction `seq` landed (owned sums XDP completed and results it
     /// placed in the result window; no body).
     RedLanded = 15,
+    /// mapper -> owner: key-value batch `chunk` (numbered per mapper and
+    /// owner, across operations) of `count` pairs of operation `seq`
+    /// (docs/KV.md).
+    KvData = 20,
+    /// owner -> mapper: "batch `chunk` is counted".
+    KvAck = 21,
+    /// mapper -> owner: "I sent you `count` batches in operation `seq`".
+    KvFin = 22,
+    /// owner -> mapper: "I counted every batch your `KV_FIN` announced".
+    KvFinAck = 23,
+    /// any -> any: "key-value reduce `seq` failed: rank `count`".
+    KvAbort = 24,
 }
 
 impl Kind {
@@ -104,6 +116,11 @@ impl Kind {
             13 => Kind::RedAbort,
             14 => Kind::RedSum,
             15 => Kind::RedLanded,
+            20 => Kind::KvData,
+            21 => Kind::KvAck,
+            22 => Kind::KvFin,
+            23 => Kind::KvFinAck,
+            24 => Kind::KvAbort,
             _ => return None,
         })
     }
@@ -251,6 +268,13 @@ mod tests {
                 "AGGBOX_KIND_RED_SUM",
                 "AGGBOX_KIND_RED_LANDED",
                 "AGGBOX_KIND_MAX",
+                "AGGBOX_KIND_KV_FIRST",
+                "AGGBOX_KIND_KV_DATA",
+                "AGGBOX_KIND_KV_ACK",
+                "AGGBOX_KIND_KV_FIN",
+                "AGGBOX_KIND_KV_FIN_ACK",
+                "AGGBOX_KIND_KV_ABORT",
+                "AGGBOX_KIND_KV_MAX",
             ]
             .map(String::from),
         );
@@ -297,6 +321,13 @@ mod tests {
             Kind::RedSum as u64,
             Kind::RedLanded as u64,
             Kind::RedLanded as u64 + 1,
+            Kind::KvData as u64,
+            Kind::KvData as u64,
+            Kind::KvAck as u64,
+            Kind::KvFin as u64,
+            Kind::KvFinAck as u64,
+            Kind::KvAbort as u64,
+            Kind::KvAbort as u64 + 1,
         ];
         assert_eq!(rust, c);
     }
@@ -356,5 +387,11 @@ mod tests {
         assert_eq!(Header::read_from(&bad), Err(Malformed::BadKind));
         bad[5] = 200;
         assert_eq!(Header::read_from(&bad), Err(Malformed::BadKind));
+        for kind in [16, 19, 25] {
+            bad[5] = kind;
+            assert_eq!(Header::read_from(&bad), Err(Malformed::BadKind), "kind {kind}");
+        }
+        bad[5] = 22;
+        assert_eq!(Header::read_from(&bad).map(|(_, k)| k), Ok(Kind::KvFin));
     }
 }

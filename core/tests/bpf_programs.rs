@@ -115,6 +115,10 @@ fn malformed() -> Vec<(&'static str, Vec<u8>, &'static str)> {
         ("bad version", aggbox_header(magic, 9, 1, GROUP, 1, TOKEN), "drop_bad_version"),
         ("kind 0", aggbox_header(magic, 1, 0, GROUP, 1, TOKEN), "drop_bad_kind"),
         ("kind 200", aggbox_header(magic, 1, 200, GROUP, 1, TOKEN), "drop_bad_kind"),
+        // Between the collectives' kinds and key-value reduce's (20..=24), and past them.
+        ("kind 16", aggbox_header(magic, 1, 16, GROUP, 1, TOKEN), "drop_bad_kind"),
+        ("kind 19", aggbox_header(magic, 1, 19, GROUP, 1, TOKEN), "drop_bad_kind"),
+        ("kind 25", aggbox_header(magic, 1, 25, GROUP, 1, TOKEN), "drop_bad_kind"),
         ("unknown group", aggbox_header(magic, 1, 1, GROUP + 1, 1, TOKEN), "drop_unknown_group"),
         ("wrong token", aggbox_header(magic, 1, 1, GROUP, 1, TOKEN ^ 1), "drop_bad_token"),
         ("sender out of range", aggbox_header(magic, 1, 1, GROUP, 2, TOKEN), "drop_not_member"),

@@ -280,3 +280,87 @@ pub fn attached_programs(cluster: &Cluster, host: usize) -> String {
     }
     found
 }
+
+/// The words of `text` for the word-count tests: maximal runs of ASCII
+/// letters and digits, lower-cased, of 1 to `key_max` bytes (longer runs
+/// are skipped). Used by the rank program and by nothing else: the tests'
+/// reference counts do their own splitting.
+pub fn words(text: &[u8], key_max: usize) -> impl Iterator<Item = Vec<u8>> + '_ {
+    text.split(|b| !b.is_ascii_alphanumeric())
+        .filter(move |w| !w.is_empty() && w.len() <= key_max)
+        .map(|w| w.to_ascii_lowercase())
+}
+
+/// The text files the word-count test splits across its ranks: what
+/// Debian's packages installed under /usr/share/common-licenses and the
+/// `copyright` files under /usr/share/doc, in name order.
+pub fn license_texts() -> Vec<PathBuf> {
+    let mut files: Vec<PathBuf> = std::fs::read_dir("/usr/share/common-licenses")
+        .map(|d| d.flatten().map(|e| e.path()).filter(|p| p.is_file()).collect())
+        .unwrap_or_default();
+    if let Ok(docs) = std::fs::read_dir("/usr/share/doc") {
+        files.extend(docs.flatten().map(|e| e.path().join("copyright")).filter(|p| p.is_file()));
+    }
+    files.sort();
+    files
+}
+
+/// splitmix64.
+pub fn splitmix(mut z: u64) -> u64 {
+    z = z.wrapping_add(0x9E37_79B9_7F4A_7C15);
+    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+    z ^ (z >> 31)
+}
+
+/// Zipf-distributed keys (exponent 1) over `distinct` ids, drawn by a
+/// seeded generator: the same arguments give the same pairs everywhere.
+pub struct Zipf {
+    cdf: Vec<f64>,
+}
+
+impl Zipf {
+    /// The distribution over ids `0..distinct`.
+    pub fn new(distinct: usize) -> Zipf {
+        let mut cdf = Vec::with_capacity(distinct);
+        let mut total = 0.0;
+        for k in 1..=distinct {
+            total += 1.0 / k as f64;
+            cdf.push(total);
+        }
+        for c in &mut cdf {
+            *c /= total;
+        }
+        Zipf { cdf }
+    }
+
+    /// The id whose probability mass holds `u` (in [0, 1)).
+    pub fn id(&self, u: f64) -> usize {
+        self.cdf.partition_point(|&c| c <= u).min(self.cdf.len() - 1)
+    }
+}
+
+/// The key of id `id`: `k<id>` and, for one id in four, a tail that makes
+/// it 33 to 48 bytes long (longer than a 32-byte kernel key).
+pub fn zipf_key(id: usize) -> Vec<u8> {
+    let mut key = format!("k{id}").into_bytes();
+    let h = splitmix(id as u64);
+    if h.is_multiple_of(4) {
+        let want = 33 + (h >> 8) as usize % 16;
+        while key.len() < want {
+            key.push(b'a' + (key.len() % 26) as u8);
+        }
+    }
+    key
+}
+
+/// Pair `i` of rank `rank`'s share in a Zipf run with `seed`: its key id and
+/// its value (an i64 in ±2^40, as 64 bits; for f64 runs an integer in
+/// ±2^20 as a double, so every sum of up to 2^32 of them is exact in any
+/// order).
+pub fn zipf_pair(zipf: &Zipf, seed: u64, rank: usize, i: usize, float: bool) -> (usize, u64) {
+    let h = splitmix(seed ^ ((rank as u64) << 40) ^ i as u64);
+    let u = (h >> 11) as f64 / (1u64 << 53) as f64;
+    let value = (splitmix(h) % (1 << 41)) as i64 - (1 << 40);
+    (zipf.id(u), if float { ((value >> 20) as f64).to_bits() } else { value as u64 })
+}

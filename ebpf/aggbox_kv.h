@@ -1,0 +1,434 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/*
+ * Kernel folding of key-value reduce at a key's owner (docs/KV.md, "Kernel
+ * datapath").
+ *
+ * The owner's process arms ab_kvctl[ctl] for an operation and puts a BPF
+ * hash map of its own making (its capacity is the operation's
+ * kernel_capacity) into ab_kvtabs[ctl]. For each KV_DATA of a group served
+ * here, XDP ingress (aggbox_xdp_kv_data) looks the batch up in the mapper's
+ * window of batch numbers (ab_kvwin, kept across operations): a batch
+ * folded before is answered with a KV_ACK by XDP_TX (its ack was lost), one
+ * being folded on another CPU is dropped, one spilled before goes up again.
+ * A new batch of the armed operation is claimed (compare-and-swap) and the
+ * fold stage (aggbox_xdp_kv_fold, tail-called, AGGBOX_KV_SEG pairs per run)
+ * folds its pairs into the table: an atomic add on an existing key for SUM,
+ * a compare-and-swap loop for MIN and MAX, an insert with BPF_NOEXIST (and a
+ * second look when another CPU inserted the key first) for a new one. When
+ * every pair is folded the batch is counted for its mapper (ab_kvcount) and
+ * turned into its KV_ACK, sent back by XDP_TX: no process runs. A pair the
+ * kernel cannot fold (a key longer than AGGBOX_KV_KEY, the table full, a
+ * NaN, a value a CAS loop could not settle) stops the fold: the batch goes
+ * up to the socket flagged KV_SPILL with the number of pairs already folded
+ * in the high half of `nchunks`, and the process folds the rest (spill).
+ */
+#ifndef AGGBOX_KV_H
+#define AGGBOX_KV_H
+
+#include "aggbox_bcast.h"
+
+/* Key bytes of the kernel table: longer keys spill. */
+#define AGGBOX_KV_KEY 32
+/* Batch numbers of one mapper's window (= kv::WINDOW, a power of 2). */
+#define AGGBOX_KV_WINDOW 256
+/* Pairs one run of the fold stage folds (one tail call per segment). */
+#define AGGBOX_KV_SEG 16
+/* Bytes of a pair besides its key: u16 length, u64 value. */
+#define AGGBOX_KV_PAIR 10
+/* KV_DATA passed up by XDP: the first (nchunks >> 16) pairs are folded. */
+#define AGGBOX_FLAG_KV_SPILL 0x0020
+/* Tail-call targets in ab_kvprogs. */
+#define AGGBOX_KVPROG_FOLD 0
+#define AGGBOX_KVPROG_MAX 1
+/* A window slot is (batch << 32 | state). */
+#define AGGBOX_KV_BUSY 1 /* being folded */
+#define AGGBOX_KV_DONE 2 /* folded and counted */
+#define AGGBOX_KV_SPILLED 3 /* + pairs folded: went up to user space */
+/* Values of wire dtype (core/src/dtype.rs) and op (aggbox_op). */
+#define AGGBOX_KV_I64 2
+#define AGGBOX_KV_U64 4
+#define AGGBOX_KV_F64 6
+#define AGGBOX_KV_SUM 0
+#define AGGBOX_KV_MIN 1
+#define AGGBOX_KV_MAX 2
+/* Attempts of a MIN/MAX compare-and-swap loop before the pair spills. */
+#define AGGBOX_KV_CAS_TRIES 8
+
+/* One communicator's key-value arming, written by its process. */
+struct aggbox_kvctl {
+	__u32 seq; /* the armed operation; 0: none */
+	__u32 group; /* of the communicator (a stale arming of another is ignored) */
+	__u32 rank; /* the communicator's rank: the sender of its acks */
+	__u32 key_max; /* as in the header's nchunks */
+	__u8 dtype; /* as in the header */
+	__u8 op;
+	__u8 fold; /* 1: fold pairs; 0: spill every batch at its first pair (f64 SUM) */
+	__u8 reserved;
+	__u32 reserved2;
+};
+
+/* A key of the kernel table: its length and its bytes, zero-padded. */
+struct aggbox_kvkey {
+	__u32 len;
+	__u8 bytes[AGGBOX_KV_KEY];
+};
+
+/* One mapper's window of batch numbers at one communicator. */
+struct aggbox_kvwin {
+	__u64 slot[AGGBOX_KV_WINDOW];
+};
+
+/* What XDP counted for one mapper in the armed operation (the process
+ * zeroes it before arming). */
+struct aggbox_kvcount {
+	__u64 batches; /* batches folded whole and acknowledged by XDP */
+	__u64 pairs; /* pairs folded (spilled batches' first pairs included) */
+};
+
+/* The fold stage's state, carried across its tail calls. */
+struct aggbox_kv_scratch {
+	__u32 ctl;
+	__u32 win; /* index into ab_kvwin */
+	__u32 batch;
+	__u32 off; /* of the next pair in the frame */
+	__u32 end; /* of the payload */
+	__u32 i; /* pairs folded */
+	__u32 count; /* pairs in the batch */
+	__u32 key_max;
+	__u8 dtype;
+	__u8 op;
+	__u8 reserved[6];
+	struct aggbox_kvkey key;
+};
+
+/* Key-value counters of the host: ab_kvstats[stat], per CPU. */
+enum aggbox_kvstat {
+	AGGBOX_KVSTAT_PAIRS = 0, /* pairs folded into a kernel table */
+	AGGBOX_KVSTAT_BATCHES = 1, /* batches folded whole and acknowledged */
+	AGGBOX_KVSTAT_SPILLED = 2, /* batches passed up with KV_SPILL */
+	AGGBOX_KVSTAT_DUPLICATES = 3, /* repeats of a folded batch, acknowledged again */
+	AGGBOX_KVSTAT_TO_USER = 4, /* KV_DATA left to user space (unarmed, odd) */
+	AGGBOX_KVSTAT_ERRORS = 5, /* a tail call that did not happen (must stay 0) */
+	AGGBOX_KVSTAT_MAX = 6,
+};
+
+/* The template of the tables in ab_kvtabs (the process makes each). */
+struct aggbox_kv_table {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(map_flags, BPF_F_NO_PREALLOC);
+	__uint(max_entries, 1);
+	__type(key, struct aggbox_kvkey);
+	__type(value, __u64);
+};
+
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY_OF_MAPS);
+	__uint(max_entries, AGGBOX_CTL_SLOTS);
+	__type(key, __u32);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+	__array(values, struct aggbox_kv_table);
+} ab_kvtabs SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, AGGBOX_CTL_SLOTS);
+	__type(key, __u32);
+	__type(value, struct aggbox_kvctl);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} ab_kvctl SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, AGGBOX_CTL_SLOTS * AGGBOX_MAX_RANKS);
+	__type(key, __u32);
+	__type(value, struct aggbox_kvwin);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} ab_kvwin SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, AGGBOX_CTL_SLOTS * AGGBOX_MAX_RANKS);
+	__type(key, __u32);
+	__type(value, struct aggbox_kvcount);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} ab_kvcount SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__uint(max_entries, 1);
+	__type(key, __u32);
+	__type(value, struct aggbox_kv_scratch);
+} ab_kvscratch SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_PROG_ARRAY);
+	__uint(max_entries, AGGBOX_KVPROG_MAX);
+	__type(key, __u32);
+	__type(value, __u32);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} ab_kvprogs SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__uint(max_entries, AGGBOX_KVSTAT_MAX);
+	__type(key, __u32);
+	__type(value, __u64);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} ab_kvstats SEC(".maps");
+
+static __always_inline void aggbox_kvcount_stat(enum aggbox_kvstat stat)
+{
+	__u32 idx = stat;
+	__u64 *value = bpf_map_lookup_elem(&ab_kvstats, &idx);
+
+	if (value)
+		*value += 1;
+}
+
+static __always_inline void aggbox_kvcount_pairs(__u32 n)
+{
+	__u32 idx = AGGBOX_KVSTAT_PAIRS;
+	__u64 *value = bpf_map_lookup_elem(&ab_kvstats, &idx);
+
+	if (value)
+		*value += n;
+}
+
+/* The batch's KV_ACK, sent back where it came from. */
+static __always_inline int aggbox_xdp_kv_ack(struct xdp_md *ctx, __u32 payload_len, __u32 rank)
+{
+	struct aggbox_hdr *hdr = aggbox_xdp_strip(ctx, payload_len);
+
+	if (!hdr)
+		return XDP_DROP;
+	hdr->kind = AGGBOX_KIND_KV_ACK;
+	hdr->sender = rank;
+	hdr->flags = 0;
+	hdr->count = 0;
+	return aggbox_xdp_bounce(ctx);
+}
+
+/* Passes the batch up flagged KV_SPILL, `folded` of its pairs folded. */
+static __always_inline int aggbox_xdp_kv_spill(struct xdp_md *ctx, __u32 key_max, __u32 folded)
+{
+	void *data = (void *)(long)ctx->data;
+	void *data_end = (void *)(long)ctx->data_end;
+	struct aggbox_hdr *hdr = data + AGGBOX_OFF_UDP + sizeof(struct udphdr);
+
+	if ((void *)(hdr + 1) > data_end)
+		return XDP_DROP;
+	/* The UDP checksum covers the header: none from here on. */
+	((struct udphdr *)(data + AGGBOX_OFF_UDP))->check = 0;
+	hdr->flags |= AGGBOX_FLAG_KV_SPILL;
+	hdr->nchunks = (key_max & 0xffff) | (folded << 16);
+	aggbox_kvcount_stat(AGGBOX_KVSTAT_SPILLED);
+	return XDP_PASS;
+}
+
+/*
+ * XDP ingress, a KV_DATA of a group served here: answer a repeat, fold a new
+ * batch of the armed operation (by the fold stage), else pass it up.
+ */
+static __always_inline int aggbox_xdp_kv_data(struct xdp_md *ctx, struct aggbox_pkt *pkt)
+{
+	struct aggbox_hdr *hdr = pkt->hdr;
+	struct aggbox_kv_scratch *s;
+	struct aggbox_kvctl *kc;
+	struct aggbox_kvwin *win;
+	__u32 ctl_idx = pkt->ctl, zero = 0, win_idx, b = hdr->chunk, cb, st, len;
+	__u64 cur, *slot;
+
+	if (pkt->ip->ihl != 5 || (hdr->flags & AGGBOX_FLAG_KV_SPILL) || hdr->sender >= AGGBOX_MAX_RANKS)
+		goto to_user;
+	kc = bpf_map_lookup_elem(&ab_kvctl, &ctl_idx);
+	if (!kc || kc->group != hdr->group || kc->group == 0 || hdr->dtype != kc->dtype || hdr->op != kc->op ||
+	    hdr->nchunks != kc->key_max)
+		goto to_user;
+	len = bpf_ntohs(pkt->udp->len) - sizeof(struct udphdr) - sizeof(*hdr);
+	win_idx = ctl_idx * AGGBOX_MAX_RANKS + hdr->sender;
+	win = bpf_map_lookup_elem(&ab_kvwin, &win_idx);
+	if (!win)
+		goto to_user;
+	slot = &win->slot[b & (AGGBOX_KV_WINDOW - 1)];
+	cur = *(volatile __u64 *)slot;
+	cb = cur >> 32;
+	st = (__u32)cur;
+	if (cur != 0 && cb == b) {
+		if (st == AGGBOX_KV_DONE) {
+			aggbox_kvcount_stat(AGGBOX_KVSTAT_DUPLICATES);
+			return aggbox_xdp_kv_ack(ctx, len, kc->rank);
+		}
+		if (st == AGGBOX_KV_BUSY)
+			return XDP_DROP; /* another CPU folds it; it comes again */
+		return aggbox_xdp_kv_spill(ctx, kc->key_max, st - AGGBOX_KV_SPILLED);
+	}
+	if (cur != 0 && (__s32)(b - cb) < 0) {
+		/* Older than the batch that took its slot: that one was sent
+		 * only after this one was acknowledged, so it was counted. */
+		aggbox_kvcount_stat(AGGBOX_KVSTAT_DUPLICATES);
+		return aggbox_xdp_kv_ack(ctx, len, kc->rank);
+	}
+	if (kc->seq == 0 || hdr->seq != kc->seq)
+		goto to_user; /* an operation not armed here (yet) */
+	if (__sync_val_compare_and_swap(slot, cur, ((__u64)b << 32) | AGGBOX_KV_BUSY) != cur)
+		return XDP_DROP; /* claimed meanwhile by another CPU */
+	s = bpf_map_lookup_elem(&ab_kvscratch, &zero);
+	if (!s) {
+		*(volatile __u64 *)slot = ((__u64)b << 32) | AGGBOX_KV_SPILLED;
+		return aggbox_xdp_kv_spill(ctx, kc->key_max, 0);
+	}
+	s->ctl = ctl_idx;
+	s->win = win_idx;
+	s->batch = b;
+	s->off = AGGBOX_OFF_PAYLOAD;
+	s->end = AGGBOX_OFF_PAYLOAD + len;
+	s->i = 0;
+	s->count = hdr->count;
+	s->key_max = kc->key_max;
+	s->dtype = kc->dtype;
+	s->op = kc->op;
+	if (!kc->fold) {
+		*(volatile __u64 *)slot = ((__u64)b << 32) | AGGBOX_KV_SPILLED;
+		return aggbox_xdp_kv_spill(ctx, kc->key_max, 0);
+	}
+	bpf_tail_call(ctx, &ab_kvprogs, AGGBOX_KVPROG_FOLD);
+	/* Not reached while the fold stage is in ab_kvprogs. */
+	aggbox_kvcount_stat(AGGBOX_KVSTAT_ERRORS);
+	*(volatile __u64 *)slot = ((__u64)b << 32) | AGGBOX_KV_SPILLED;
+	return aggbox_xdp_kv_spill(ctx, kc->key_max, 0);
+
+to_user:
+	aggbox_kvcount_stat(AGGBOX_KVSTAT_TO_USER);
+	return XDP_PASS;
+}
+
+/* The order of f64 bits as an unsigned integer (NaN excluded). */
+static __always_inline __u64 aggbox_kv_f64_order(__u64 bits)
+{
+	return (bits >> 63) ? ~bits : bits | (1ULL << 63);
+}
+
+/* Whether `v` should replace `old` under MIN (`max` 0) or MAX (1). */
+static __always_inline int aggbox_kv_better(__u8 dtype, int max, __u64 old, __u64 v)
+{
+	if (dtype == AGGBOX_KV_I64)
+		return max ? (__s64)v > (__s64)old : (__s64)v < (__s64)old;
+	if (dtype == AGGBOX_KV_F64) {
+		old = aggbox_kv_f64_order(old);
+		v = aggbox_kv_f64_order(v);
+	}
+	return max ? v > old : v < old;
+}
+
+/* Folds one pair into `table`; 0, or -1 when it must spill. */
+static __always_inline int aggbox_kv_fold_pair(void *table, struct aggbox_kvkey *key, __u64 v, __u8 dtype, __u8 op)
+{
+	__u64 *cur, old;
+	long err;
+	int i, max = op == AGGBOX_KV_MAX;
+
+	if (dtype == AGGBOX_KV_F64 && ((v >> 52) & 0x7ff) == 0x7ff && (v & 0xfffffffffffffULL))
+		return -1; /* NaN: user space propagates it */
+	cur = bpf_map_lookup_elem(table, key);
+	if (!cur) {
+		err = bpf_map_update_elem(table, key, &v, BPF_NOEXIST);
+		if (err == 0)
+			return 0;
+		if (err != -17 /* EEXIST: another CPU inserted it first */)
+			return -1; /* full */
+		cur = bpf_map_lookup_elem(table, key);
+		if (!cur)
+			return -1;
+	}
+	if (op == AGGBOX_KV_SUM) {
+		if (dtype == AGGBOX_KV_F64)
+			return -1;
+		__sync_fetch_and_add(cur, v);
+		return 0;
+	}
+	for (i = 0; i < AGGBOX_KV_CAS_TRIES; i++) {
+		old = *(volatile __u64 *)cur;
+		if (!aggbox_kv_better(dtype, max, old, v))
+			return 0;
+		if (__sync_val_compare_and_swap(cur, old, v) == old)
+			return 0;
+	}
+	return -1;
+}
+
+/*
+ * The fold stage: folds up to AGGBOX_KV_SEG pairs from the scratch's offset,
+ * then tail-calls itself for the next ones; after the last, counts the batch
+ * and acknowledges it, or spills it at the first pair it cannot fold.
+ */
+static __always_inline int aggbox_xdp_kv_fold_stage(struct xdp_md *ctx)
+{
+	struct aggbox_kv_scratch *s;
+	struct aggbox_kvcount *count;
+	struct aggbox_kvwin *win;
+	struct aggbox_kvctl *kc;
+	void *table;
+	__u64 value, *slot;
+	__u32 zero = 0, k, len, rank;
+	__u16 klen;
+
+	s = bpf_map_lookup_elem(&ab_kvscratch, &zero);
+	if (!s)
+		return XDP_DROP;
+	win = bpf_map_lookup_elem(&ab_kvwin, &s->win);
+	if (!win)
+		return XDP_DROP;
+	slot = &win->slot[s->batch & (AGGBOX_KV_WINDOW - 1)];
+	table = bpf_map_lookup_elem(&ab_kvtabs, &s->ctl);
+	if (!table)
+		goto spill;
+	for (k = 0; k < AGGBOX_KV_SEG; k++) {
+		if (s->i >= s->count)
+			break;
+		if (bpf_xdp_load_bytes(ctx, s->off, &klen, sizeof(klen)) ||
+		    bpf_xdp_load_bytes(ctx, s->off + 2, &value, sizeof(value)))
+			goto spill;
+		len = klen;
+		if (len == 0 || len > AGGBOX_KV_KEY || s->off + AGGBOX_KV_PAIR + len > s->end)
+			goto spill; /* a long key (or a malformed pair: user space says so) */
+		__builtin_memset(&s->key, 0, sizeof(s->key));
+		s->key.len = len;
+		barrier_var(len);
+		if (len == 0 || len > AGGBOX_KV_KEY)
+			goto spill;
+		if (bpf_xdp_load_bytes(ctx, s->off + AGGBOX_KV_PAIR, s->key.bytes, len))
+			goto spill;
+		if (aggbox_kv_fold_pair(table, &s->key, value, s->dtype, s->op))
+			goto spill;
+		s->off += AGGBOX_KV_PAIR + len;
+		s->i++;
+	}
+	if (s->i < s->count) {
+		bpf_tail_call(ctx, &ab_kvprogs, AGGBOX_KVPROG_FOLD);
+		aggbox_kvcount_stat(AGGBOX_KVSTAT_ERRORS);
+		goto spill;
+	}
+	if (s->off != s->end)
+		goto spill; /* bytes after the last pair: user space says so */
+	count = bpf_map_lookup_elem(&ab_kvcount, &s->win);
+	if (count) {
+		__sync_fetch_and_add(&count->pairs, s->i);
+		__sync_fetch_and_add(&count->batches, 1);
+	}
+	aggbox_kvcount_pairs(s->i);
+	aggbox_kvcount_stat(AGGBOX_KVSTAT_BATCHES);
+	*(volatile __u64 *)slot = ((__u64)s->batch << 32) | AGGBOX_KV_DONE;
+	kc = bpf_map_lookup_elem(&ab_kvctl, &s->ctl);
+	rank = kc ? kc->rank : 0;
+	return aggbox_xdp_kv_ack(ctx, s->end - AGGBOX_OFF_PAYLOAD, rank);
+
+spill:
+	count = bpf_map_lookup_elem(&ab_kvcount, &s->win);
+	if (count && s->i)
+		__sync_fetch_and_add(&count->pairs, s->i);
+	aggbox_kvcount_pairs(s->i);
+	*(volatile __u64 *)slot = ((__u64)s->batch << 32) | (AGGBOX_KV_SPILLED + s->i);
+	return aggbox_xdp_kv_spill(ctx, s->key_max, s->i);
+}
+
+#endif /* AGGBOX_KV_H */
