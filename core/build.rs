@@ -1,5 +1,5 @@
 //! Compiles every `ebpf/*.bpf.c` with clang into a BPF object (and XDP
-//! ingress once more with `-DAGGBOX_RED_LOCK`, for `aggbox bench fold`) and
+//! ingress once more with `-DAGGBOX_RED_ATOMICS`, for `aggbox bench fold`) and
 //! generates `bpf_objects.rs`, which embeds each object (see `src/bpf.rs`).
 
 use std::{
@@ -55,8 +55,9 @@ fn main() {
     // FNV-1a over every object: tells builds of the programs apart.
     let mut build_id: u64 = 0xcbf2_9ce4_8422_2325;
     // (source, object stem, extra clang flags). Besides one object per
-    // source: XDP ingress with the per-slot spin-lock ADD fold, only for
-    // `aggbox bench fold` (no loader attaches it).
+    // source: XDP ingress with the atomic-add ADD fold instead of the
+    // per-slot spin lock, only for `aggbox bench fold` (no loader attaches
+    // it).
     let mut builds: Vec<(PathBuf, String, Vec<&str>)> = sources
         .iter()
         .map(|source| {
@@ -66,7 +67,7 @@ fn main() {
         .collect();
     let xdp = src_dir.join("xdp_ingress.bpf.c");
     if sources.contains(&xdp) {
-        builds.push((xdp, "xdp_ingress_lock".to_string(), vec!["-DAGGBOX_RED_LOCK"]));
+        builds.push((xdp, "xdp_ingress_atomics".to_string(), vec!["-DAGGBOX_RED_ATOMICS"]));
     }
     for (source, stem, flags) in &builds {
         println!("cargo:rerun-if-changed={}", source.display());

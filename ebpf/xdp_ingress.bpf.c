@@ -10,6 +10,12 @@
  */
 /* Folding ACKs needs atomic fetch-and-or: build.rs compiles this for BPF v3. */
 #define AGGBOX_NEEDS_ATOMICS 1
+/* Sums are added under a per-slot spin lock (measured faster than atomic
+ * adds: docs/ALLREDUCE.md, "Atomics vs per-slot lock"); build.rs builds an
+ * atomic-add variant for that measurement. */
+#ifndef AGGBOX_RED_ATOMICS
+#define AGGBOX_RED_LOCK 1
+#endif
 #include "aggbox_reduce.h"
 #include "aggbox_kv.h"
 

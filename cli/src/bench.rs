@@ -97,8 +97,8 @@ pub enum Bench {
         faults: Option<String>,
     },
     /// The XDP fold of reduction contributions at a chunk's owner: atomic
-    /// adds (what ships) vs a per-slot bpf_spin_lock around plain adds
-    /// (xdp_ingress_lock.bpf.o, built only for this), 1432-byte chunks of
+    /// adds (xdp_ingress_atomics.bpf.o, built only for this) vs a per-slot
+    /// bpf_spin_lock around plain adds (what ships), 1432-byte chunks of
     /// i32 and of i64 lanes folded into one slot from 1 CPU and from 2 at
     /// once (BPF_PROG_TEST_RUN, no network), every sum checked.
     Fold {
@@ -2020,7 +2020,7 @@ pub fn fold(rounds: usize, trials: usize) -> Result<(), String> {
             .map_err(|e| e.to_string())?;
         Ok((h, windows))
     };
-    let variants = [load(bpf::XDP_INGRESS, "atomics")?, load(bpf::XDP_INGRESS_LOCK, "spin-lock")?];
+    let variants = [load(bpf::XDP_INGRESS_ATOMICS, "atomics")?, load(bpf::XDP_INGRESS, "spin-lock")?];
     let names = ["atomics", "lock"];
     let lanes_of = [4usize, 8];
     let threads_of = [1usize, 2];

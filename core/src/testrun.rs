@@ -122,7 +122,7 @@ impl Harness {
     }
 
     /// As [`Harness::new`], with XDP ingress from the object `xdp` (one
-    /// built from `ebpf/xdp_ingress.bpf.c`, e.g. [`bpf::XDP_INGRESS_LOCK`]).
+    /// built from `ebpf/xdp_ingress.bpf.c`, e.g. [`bpf::XDP_INGRESS_ATOMICS`]).
     pub fn with_xdp(xdp: &[u8]) -> Result<Harness> {
         static NEXT: AtomicU32 = AtomicU32::new(0);
         let dir: PathBuf = loader::bpffs_root()?.join(format!(

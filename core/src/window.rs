@@ -613,11 +613,18 @@ impl Windows {
         if self.red_bits(seq, owned, rank / 64).fetch_or(bit, AcqRel) & bit != 0 {
             return None;
         }
+        // XDP adds under a per-slot spin lock, which the process cannot
+        // take: it folds with the slot untagged, once no CPU is in it. XDP
+        // leaves an untagged slot alone and passes what comes meanwhile up,
+        // to be folded here too.
+        let tag = self.red_tag(seq, owned).load(Acquire);
+        self.quiesce_red(seq, owned);
         let acc = self.red_slot(seq, owned).cast::<u8>().wrapping_add(std::mem::offset_of!(RedSlot, acc));
         let lane = usize::from(red.lane);
         for (i, x) in lanes.chunks_exact(lane).take(crate::wire::CHUNK_MAX / lane).enumerate() {
             // SAFETY: lane-aligned offsets inside the slot's acc (at most
-            // CHUNK_MAX bytes); concurrent folds are atomic.
+            // CHUNK_MAX bytes); no CPU folds into it meanwhile (and the
+            // atomics would keep a process's own folds apart anyway).
             unsafe {
                 let at = acc.add(i * lane);
                 if lane == 8 {
@@ -642,7 +649,9 @@ impl Windows {
             }
         }
         let count = self.red_count(seq, owned).fetch_add(1, AcqRel) + 1;
-        Some(count == red.ranks && self.red_done(seq, owned).compare_exchange(0, 1, AcqRel, Acquire).is_ok())
+        let completed = count == red.ranks && self.red_done(seq, owned).compare_exchange(0, 1, AcqRel, Acquire).is_ok();
+        self.red_tag(seq, owned).store(tag, std::sync::atomic::Ordering::Release);
+        Some(completed)
     }
 
     /// Whether `rank`'s contribution is in owned chunk `owned`'s slot.

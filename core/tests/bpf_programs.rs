@@ -651,11 +651,11 @@ fn xdp_folds_contributions_at_the_owner_and_completes_once() {
 /// `aggbox bench fold`) still passes the verifier and sums like the
 /// shipped one.
 #[test]
-fn the_spin_lock_fold_variant_loads_and_sums() {
+fn the_atomic_add_fold_variant_loads_and_sums() {
     use aggbox_core::maps::RedCtl;
     const THIRD_IP: Ipv4Addr = Ipv4Addr::new(10, 77, 0, 3);
     const THIRD_PORT: u16 = 47_003;
-    let mut h = Harness::with_xdp(aggbox_core::bpf::XDP_INGRESS_LOCK).unwrap();
+    let mut h = Harness::with_xdp(aggbox_core::bpf::XDP_INGRESS_ATOMICS).unwrap();
     let mut g = group();
     g.peers.push(PeerInfo { rank: 2, ipv4: THIRD_IP, mac: [2, 0, 0, 0, 0, 3], port: THIRD_PORT, datapath: Datapath::Kernel, mtu: 1500 });
     let windows = h.register_with_windows(LOCAL_IP, LOCAL_PORT, &g, CTL).unwrap();
