@@ -16,7 +16,7 @@
 
 /* How many communicators (local ports) and groups one host serves. */
 #define AGGBOX_MAX_PORTS 1024
-#define AGGBOX_MAX_GROUPS 1024
+#define AGGBOX_MAX_GROUPS 256
 #define AGGBOX_MAX_MEMBERS (AGGBOX_MAX_GROUPS * 64)
 
 /* ab_ports: local (IPv4 address, UDP port) of a communicator -> the group it

@@ -714,23 +714,6 @@ fn udp_rcvbuf_errors() -> u64 {
         .unwrap_or(0)
 }
 
-/// The BPF maps this process holds open (read from /proc/self/fdinfo, one
-/// per map id) and the sum of their `memlock`: on the kernel datapath, every
-/// map of the host's attachment (the pinned maps the loader opens: those the
-/// attached programs use and the users table).
-fn bpf_map_memory() -> (usize, u64) {
-    let mut maps = std::collections::BTreeMap::new();
-    let Ok(entries) = std::fs::read_dir("/proc/self/fdinfo") else { return (0, 0) };
-    for entry in entries.flatten() {
-        let Ok(info) = std::fs::read_to_string(entry.path()) else { continue };
-        let value = |key: &str| -> Option<u64> { info.lines().find_map(|l| l.strip_prefix(key)?.strip_prefix(':')?.trim().parse().ok()) };
-        if let (Some(id), Some(memlock)) = (value("map_id"), value("memlock")) {
-            maps.insert(id, memlock);
-        }
-    }
-    (maps.len(), maps.values().sum())
-}
-
 /// One rank of `bench allreduce` (the hidden `rank-allreduce` command): per
 /// count, timed f32 sums (each round's own elapsed µs and the
 /// CLOCK_MONOTONIC ns at which its call started and returned; every result
@@ -846,7 +829,8 @@ pub fn rank_allreduce(rounds: usize, counts: &[usize]) -> Result<(), String> {
             comm.datapath().name()
         );
     }
-    let (maps, memlock) = bpf_map_memory();
+    // Every map pinned for this host's attachment (none on the user datapath).
+    let (maps, memlock) = comm.attachment().and_then(|a| a.map_memory().ok()).unwrap_or((0, 0));
     let all = comm.stats().map_err(err)?;
     let stats = all.user;
     // The programs' drops on this host (every reason), and the host's
@@ -1700,7 +1684,7 @@ pub fn allreduce(hosts: usize, mtu: u32, rounds: usize, with_mpi: bool) -> Resul
     }
     println!(
         "memory: peak RSS (VmHWM) of the largest rank: kernel {:.1} MiB, user {:.1} MiB, of which the bench's own vector is {:.0} MiB; \
-         BPF map memory of a host (kernel datapath: every map of its attachment, memlock from fdinfo): {} maps, {:.1} MiB (user datapath: {} maps)",
+         BPF map memory of a host (kernel datapath: every map pinned for its attachment, memlock from fdinfo): {} maps, {:.1} MiB (user datapath: {} maps)",
         kernel.vmhwm_kb / 1024.0,
         user.vmhwm_kb / 1024.0,
         kernel.vector_bytes / (1 << 20) as f64,

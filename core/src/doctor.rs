@@ -246,7 +246,7 @@ impl Report {
         let total: usize = memory.iter().map(|(_, bytes)| bytes).sum();
         let parts: Vec<String> = memory.iter().map(|(what, bytes)| format!("{what} {:.1}", *bytes as f64 / (1 << 20) as f64)).collect();
         out.push_str(&format!(
-            "kernel map memory per attached interface: {:.1} MiB ({} MiB), for the first {} communicators\n",
+            "kernel window memory per attached interface: {:.1} MiB ({} MiB), for the first {} communicators (the mmapable maps, fixed at build time; with the other shared maps an attachment pins about 61 MiB: Attachment::map_memory measures it)\n",
             total as f64 / (1 << 20) as f64,
             parts.join(", "),
             crate::maps::CTL_SLOTS

@@ -715,6 +715,15 @@ impl Attachment {
         self.maps.reduce_stats()
     }
 
+    /// The memory of the maps pinned for this attachment (every shared map
+    /// of its programs; the few per-CPU scratch and lock maps the programs
+    /// keep to themselves, about 42 KiB, are not pinned and not counted):
+    /// how many, and their bytes as the kernel charges them (`memlock` in
+    /// each map's fdinfo).
+    pub fn map_memory(&self) -> Result<(usize, u64)> {
+        pinned_map_memory(&self.dir)
+    }
+
     /// This communicator's kernel broadcast windows, if it got a control
     /// block (the first [`CTL_SLOTS`] communicators of a host do).
     pub fn windows(&self) -> Option<&Windows> {
@@ -794,6 +803,26 @@ pub struct AttachmentStatus {
     pub stats: KernelStats,
     /// Its broadcast counters, indexed like [`BSTAT_NAMES`].
     pub broadcast: [u64; BSTAT_NAMES.len()],
+}
+
+/// How many maps are pinned in `dir`, and the bytes the kernel charges for
+/// them (`memlock` in each one's fdinfo).
+fn pinned_map_memory(dir: &Path) -> Result<(usize, u64)> {
+    use std::os::fd::{AsFd, AsRawFd};
+    let entries = fs::read_dir(dir).map_err(|e| Error::system(format!("reading {}", dir.display()), e))?;
+    let (mut maps, mut bytes) = (0, 0);
+    for entry in entries.flatten() {
+        // Links are pinned here too; only maps open as maps.
+        let Ok(map) = MapData::from_pin(entry.path()) else { continue };
+        let info = fs::read_to_string(format!("/proc/self/fdinfo/{}", map.fd().as_fd().as_raw_fd()))
+            .map_err(|e| Error::system("reading a map's fdinfo", e))?;
+        let memlock = info.lines().find_map(|l| l.strip_prefix("memlock:")?.trim().parse::<u64>().ok());
+        if let Some(memlock) = memlock {
+            maps += 1;
+            bytes += memlock;
+        }
+    }
+    Ok((maps, bytes))
 }
 
 /// Every AggBox attachment on this host (in every network namespace).

@@ -405,4 +405,12 @@ fn repeated_calls_are_folded_in_the_kernel() {
         assert!(notices > 0 && notices <= calls as u64 * 11 / 10, "rank {rank}: {notices} notices for {calls} calls");
     }
     assert!(total(&reports, "k_red_fanned_out") > 0, "TC ingress fanned results out");
+    // Map memory is bounded: every map pinned for a host's attachment
+    // (broadcast and reduction windows, key-value tables, …) within the
+    // 64 MiB default the issue sets.
+    for r in &reports {
+        let (maps, bytes) = (number(r, "k_maps"), number(r, "k_map_bytes"));
+        eprintln!("rank {}: {maps} pinned maps, {:.1} MiB", r["rank"], bytes as f64 / (1 << 20) as f64);
+        assert!(maps >= 12 && bytes <= 64 << 20, "{maps} maps, {bytes} bytes");
+    }
 }

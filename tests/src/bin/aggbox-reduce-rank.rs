@@ -328,8 +328,12 @@ fn main() {
     let u = stats.user;
     // The host's kernel reduction counters (one communicator per host here).
     let kernel = comm.attachment().map(|a| a.reduce_stats().expect("reduction stats")).unwrap_or_default();
-    let kernel: Vec<String> =
+    let mut kernel: Vec<String> =
         aggbox_core::maps::RSTAT_NAMES.iter().zip(kernel).map(|(name, value)| format!("k_red_{name}={value}")).collect();
+    // Every map pinned for the host's attachment, as the kernel charges it.
+    if let Some((maps, bytes)) = comm.attachment().map(|a| a.map_memory().expect("map memory")) {
+        kernel.push(format!("k_maps={maps} k_map_bytes={bytes}"));
+    }
     println!(
         "report rank={} size={} datapath={} reductions={} quantized={} retransmits={} duplicates={} contributions_sent={} folded={} results_sent={} results_received={} results_from_kernel={} sent={} received={} dropped_foreign={} dropped_malformed={} xdp_bad_token={} xdp_not_member={} {}",
         comm.rank(),
