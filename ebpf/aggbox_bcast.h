@@ -119,6 +119,8 @@ static long aggbox_tc_clone_one(__u64 i, void *data)
 	c->skb->mark = AGGBOX_CLONE_MARK;
 	if (bpf_clone_redirect(c->skb, c->skb->ifindex, 0) == 0)
 		aggbox_bcount(AGGBOX_BSTAT_CLONED);
+	else
+		aggbox_bcount(AGGBOX_BSTAT_CLONES_REFUSED);
 	c->skb->mark = c->mark;
 	return 0;
 }

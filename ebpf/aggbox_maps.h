@@ -325,7 +325,8 @@ enum aggbox_bstat {
 	AGGBOX_BSTAT_GROUP_ACKS = 5, /* XDP: group-ACKs passed up to a root */
 	AGGBOX_BSTAT_LANDED = 6, /* XDP: landed notices passed up to a receiver */
 	AGGBOX_BSTAT_TO_USER = 7, /* XDP: broadcast datagrams left to user space (unarmed, stale, odd) */
-	AGGBOX_BSTAT_MAX = 8,
+	AGGBOX_BSTAT_CLONES_REFUSED = 8, /* TC egress: copies the device would not take (resent by the root) */
+	AGGBOX_BSTAT_MAX = 9,
 };
 
 struct {
