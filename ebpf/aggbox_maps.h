@@ -152,10 +152,13 @@ struct aggbox_redctl {
 #define AGGBOX_COLL_REDUCE 2
 #define AGGBOX_COLL_REDUCE_SCATTER 3
 
-/* Result slots of one communicator and phase, in chunks (power of 2): a
+/* Result slots of one communicator (power of 2), shared by its two phases:
+ * a rank gets results of a reduction only after it contributed to it, so
+ * only after it took every result of the one before; a late repeat of an
+ * older result finds a newer tag (or a disarmed phase) and goes up. A
  * contributor keeps this many chunks in flight on the kernel datapath, so
  * every result it can get has a slot. */
-#define AGGBOX_RES_SLOTS 128
+#define AGGBOX_RES_SLOTS 256
 
 /* Reductions in flight at an owner: red[seq % 2], and that phase's slots. */
 #define AGGBOX_RED_PHASES 2
@@ -303,13 +306,12 @@ struct {
 	__uint(pinning, LIBBPF_PIN_BY_NAME);
 } ab_txwin SEC(".maps");
 
-/* Reduction result windows: ab_redres[(ctl * RED_PHASES + seq % 2) *
- * RES_SLOTS + chunk % RES_SLOTS], a result XDP placed, tagged like a
- * receive slot. */
+/* Reduction result windows: ab_redres[ctl * RES_SLOTS + chunk % RES_SLOTS],
+ * a result XDP placed (or a DONE, tag only), tagged like a receive slot. */
 struct {
 	__uint(type, BPF_MAP_TYPE_ARRAY);
 	__uint(map_flags, BPF_F_MMAPABLE);
-	__uint(max_entries, AGGBOX_CTL_SLOTS * AGGBOX_RED_PHASES * AGGBOX_RES_SLOTS);
+	__uint(max_entries, AGGBOX_CTL_SLOTS * AGGBOX_RES_SLOTS);
 	__type(key, __u32);
 	__type(value, struct aggbox_rxslot);
 	__uint(pinning, LIBBPF_PIN_BY_NAME);

@@ -532,7 +532,7 @@ static __always_inline int aggbox_xdp_red_result(struct xdp_md *ctx, struct aggb
 	want = chunk + 1 == red->nchunks ? red->result_last : red->chunk_bytes;
 	if (len != want || len == 0 || len > AGGBOX_CHUNK_MAX)
 		goto to_user;
-	slot_idx = (ctl_idx * AGGBOX_RED_PHASES + phase) * AGGBOX_RES_SLOTS + (chunk & (AGGBOX_RES_SLOTS - 1));
+	slot_idx = ctl_idx * AGGBOX_RES_SLOTS + (chunk & (AGGBOX_RES_SLOTS - 1));
 	slot = bpf_map_lookup_elem(&ab_redres, &slot_idx);
 	if (!slot)
 		goto to_user;
@@ -602,7 +602,7 @@ static __always_inline int aggbox_xdp_red_done(struct xdp_md *ctx, struct aggbox
 		aggbox_rcount(AGGBOX_RSTAT_DUPLICATES);
 		return XDP_DROP;
 	}
-	slot_idx = (ctl_idx * AGGBOX_RED_PHASES + phase) * AGGBOX_RES_SLOTS + (chunk & (AGGBOX_RES_SLOTS - 1));
+	slot_idx = ctl_idx * AGGBOX_RES_SLOTS + (chunk & (AGGBOX_RES_SLOTS - 1));
 	slot = bpf_map_lookup_elem(&ab_redres, &slot_idx);
 	if (!slot)
 		goto to_user;

@@ -197,9 +197,9 @@ pub const FOLD_MIN_U: u8 = 2;
 pub const FOLD_MAX_S: u8 = 3;
 /// `AGGBOX_FOLD_MAX_U`: unsigned maximum.
 pub const FOLD_MAX_U: u8 = 4;
-/// `AGGBOX_RES_SLOTS`: result slots of a communicator and phase, and the
+/// `AGGBOX_RES_SLOTS`: result slots of a communicator (both phases), and the
 /// chunks a contributor keeps in flight on the kernel datapath.
-pub const RES_SLOTS: u32 = 128;
+pub const RES_SLOTS: u32 = 256;
 
 /// `AGGBOX_RED_PHASES`: reductions in flight at an owner, `Ctl::red[seq % 2]`.
 pub const RED_PHASES: u32 = 2;
@@ -217,7 +217,7 @@ pub fn window_memory() -> [(&'static str, usize); 5] {
         ("broadcast receive windows", ctl * RX_SLOTS as usize * elem(size_of::<RxSlot>())),
         ("broadcast send windows", ctl * TX_SLOTS as usize * elem(size_of::<TxSlot>())),
         ("reduction slots", ctl * (RED_PHASES * RED_SLOTS) as usize * elem(size_of::<RedSlot>())),
-        ("reduction result windows", ctl * (RED_PHASES * RES_SLOTS) as usize * elem(size_of::<RxSlot>())),
+        ("reduction result windows", ctl * RES_SLOTS as usize * elem(size_of::<RxSlot>())),
     ]
 }
 

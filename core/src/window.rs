@@ -148,7 +148,7 @@ impl Windows {
                 (CTL_SLOTS * RED_PHASES * RED_SLOTS) as usize * elem(size_of::<RedSlot>()),
                 "ab_redwin",
             )?,
-            res: Mapping::new(res, (CTL_SLOTS * RED_PHASES * RES_SLOTS) as usize * elem(size_of::<RxSlot>()), "ab_redres")?,
+            res: Mapping::new(res, (CTL_SLOTS * RES_SLOTS) as usize * elem(size_of::<RxSlot>()), "ab_redres")?,
         };
         Ok(windows)
     }
@@ -715,31 +715,33 @@ impl Windows {
         self.red_field(seq, std::mem::offset_of!(RedCtl, notified)).store(0, std::sync::atomic::Ordering::SeqCst);
     }
 
-    /// The result slot chunk `chunk` of reduction `seq` lands in.
-    fn res_slot(&self, seq: u32, chunk: u32) -> *mut RxSlot {
-        let slot = (self.index * RED_PHASES + seq % RED_PHASES) * RES_SLOTS + (chunk & (RES_SLOTS - 1));
-        // SAFETY: slot < CTL_SLOTS * RED_PHASES * RES_SLOTS, inside the mapping.
+    /// The result slot chunk `chunk` of a reduction lands in (both phases
+    /// share the window: the tag tells reductions apart).
+    fn res_slot(&self, chunk: u32) -> *mut RxSlot {
+        let slot = self.index * RES_SLOTS + (chunk & (RES_SLOTS - 1));
+        // SAFETY: slot < CTL_SLOTS * RES_SLOTS, inside the mapping.
         unsafe { self.res.ptr.add(slot as usize * elem(size_of::<RxSlot>())).cast() }
     }
 
-    fn res_tag(&self, seq: u32, chunk: u32) -> &AtomicU64 {
+    fn res_tag(&self, chunk: u32) -> &AtomicU64 {
         // SAFETY: the first (8-aligned) field of a slot in the mapping.
-        unsafe { &*(self.res_slot(seq, chunk).cast::<AtomicU64>()) }
+        unsafe { &*(self.res_slot(chunk).cast::<AtomicU64>()) }
     }
 
     /// Whether XDP placed the result of chunk `chunk` of reduction `seq`.
     pub fn res_holds(&self, seq: u32, chunk: u32) -> bool {
-        self.res_tag(seq, chunk).load(std::sync::atomic::Ordering::Acquire) == tag(seq, chunk)
+        self.res_tag(chunk).load(std::sync::atomic::Ordering::Acquire) == tag(seq, chunk)
     }
 
     /// Copies the result of chunk `chunk` of reduction `seq` (check
     /// [`Windows::res_holds`] first) into `dst` (at most CHUNK_MAX bytes).
     pub fn copy_res(&self, seq: u32, chunk: u32, dst: &mut [u8]) {
+        debug_assert!(self.res_holds(seq, chunk), "copying a result slot that does not hold chunk {chunk} of {seq}");
         let len = dst.len().min(crate::wire::CHUNK_MAX);
         // SAFETY: the data field of a slot inside the mapping, published
         // (its tag was read with Acquire); dst does not overlap it.
         unsafe {
-            let src = std::ptr::addr_of!((*self.res_slot(seq, chunk)).data).cast::<u8>();
+            let src = std::ptr::addr_of!((*self.res_slot(chunk)).data).cast::<u8>();
             std::ptr::copy_nonoverlapping(src, dst.as_mut_ptr(), len);
         }
     }
@@ -759,13 +761,14 @@ impl Windows {
             for chunk in 0..TX_SLOTS {
                 self.tx_slot(chunk).write(TxSlot::default());
             }
+            for chunk in 0..RES_SLOTS {
+                (*self.res_slot(chunk)).tag = 0;
+            }
             for phase in 0..RED_PHASES {
                 for owned in 0..RED_SLOTS {
                     (*self.red_slot(phase, owned)).tag = 0;
                 }
-                for chunk in 0..RES_SLOTS {
-                    (*self.res_slot(phase, chunk)).tag = 0;
-                }
+
             }
         }
         std::sync::atomic::fence(std::sync::atomic::Ordering::SeqCst);

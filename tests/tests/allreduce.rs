@@ -248,7 +248,7 @@ fn loss_duplication_and_reordering_are_repaired() {
 fn a_rank_killed_mid_allreduce_is_named_by_every_survivor() {
     let _serial = serial();
     let cluster = Cluster::temporary(HOSTS).unwrap();
-    let timeout = Duration::from_millis(3000);
+    let timeout = Duration::from_millis(6000);
     let args = case_args(&[format!("allreduce:f32:sum:{}", 1 << 20)], &["--forever"]);
     let args: Vec<&str> = args.iter().map(String::as_str).collect();
     let mut ranks: Vec<RankProcess> = (0..HOSTS)
@@ -263,7 +263,7 @@ fn a_rank_killed_mid_allreduce_is_named_by_every_survivor() {
                 mixed(i),
                 &rank_binary(),
                 &args,
-                &[("AGGBOX_TIMEOUT_MS", "3000")],
+                &[("AGGBOX_TIMEOUT_MS", "6000")],
             )
         })
         .collect();
