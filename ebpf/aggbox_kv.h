@@ -10,6 +10,8 @@
  * window of batch numbers (ab_kvwin, kept across operations): a batch
  * folded before is answered with a KV_ACK by XDP_TX (its ack was lost), one
  * being folded on another CPU is dropped, one spilled before goes up again.
+ * A new batch of an operation not armed yet (its mapper began first) is
+ * held off: dropped unacknowledged, so it comes again and is folded here.
  * A new batch of the armed operation is claimed (compare-and-swap) and the
  * fold stage (aggbox_xdp_kv_fold, tail-called, AGGBOX_KV_SEG pairs per run)
  * folds its pairs into the table: an atomic add on an existing key for SUM,
@@ -57,7 +59,7 @@
 /* One communicator's key-value arming, written by its process. */
 struct aggbox_kvctl {
 	__u32 seq; /* the armed operation; 0: none */
-	__u32 group; /* of the communicator (a stale arming of another is ignored) */
+	__u32 group; /* of the communicator (until it is written, its KV_DATA is held off) */
 	__u32 rank; /* the communicator's rank: the sender of its acks */
 	__u32 key_max; /* as in the header's nchunks */
 	__u8 dtype; /* as in the header */
@@ -107,9 +109,10 @@ enum aggbox_kvstat {
 	AGGBOX_KVSTAT_BATCHES = 1, /* batches folded whole and acknowledged */
 	AGGBOX_KVSTAT_SPILLED = 2, /* batches passed up with KV_SPILL */
 	AGGBOX_KVSTAT_DUPLICATES = 3, /* repeats of a folded batch, acknowledged again */
-	AGGBOX_KVSTAT_TO_USER = 4, /* KV_DATA left to user space (unarmed, odd) */
+	AGGBOX_KVSTAT_TO_USER = 4, /* KV_DATA left to user space (mismatched, odd) */
 	AGGBOX_KVSTAT_ERRORS = 5, /* a tail call that did not happen (must stay 0) */
-	AGGBOX_KVSTAT_MAX = 6,
+	AGGBOX_KVSTAT_HELD = 6, /* new batches of an operation not armed yet, dropped unacknowledged */
+	AGGBOX_KVSTAT_MAX = 7,
 };
 
 /* The template of the tables in ab_kvtabs (the process makes each). */
@@ -241,9 +244,18 @@ static __always_inline int aggbox_xdp_kv_data(struct xdp_md *ctx, struct aggbox_
 	if (pkt->ip->ihl != 5 || (hdr->flags & AGGBOX_FLAG_KV_SPILL) || hdr->sender >= AGGBOX_MAX_RANKS)
 		goto to_user;
 	kc = bpf_map_lookup_elem(&ab_kvctl, &ctl_idx);
-	if (!kc || kc->group != hdr->group || kc->group == 0 || hdr->dtype != kc->dtype || hdr->op != kc->op ||
-	    hdr->nchunks != kc->key_max)
+	if (!kc)
 		goto to_user;
+	if (kc->group != hdr->group || kc->group == 0) {
+		/* The port is this group's (aggbox_classify checked), so its
+		 * process has not opened key-value reduce here yet: hold the
+		 * batch off unacknowledged; it comes again. */
+		aggbox_kvcount_stat(AGGBOX_KVSTAT_HELD);
+		return XDP_DROP;
+	}
+	if (kc->seq != 0 && hdr->seq == kc->seq &&
+	    (hdr->dtype != kc->dtype || hdr->op != kc->op || hdr->nchunks != kc->key_max))
+		goto to_user; /* the process fails the call as mismatched */
 	len = bpf_ntohs(pkt->udp->len) - sizeof(struct udphdr) - sizeof(*hdr);
 	win_idx = ctl_idx * AGGBOX_MAX_RANKS + hdr->sender;
 	win = bpf_map_lookup_elem(&ab_kvwin, &win_idx);
@@ -268,8 +280,14 @@ static __always_inline int aggbox_xdp_kv_data(struct xdp_md *ctx, struct aggbox_
 		aggbox_kvcount_stat(AGGBOX_KVSTAT_DUPLICATES);
 		return aggbox_xdp_kv_ack(ctx, len, kc->rank);
 	}
-	if (kc->seq == 0 || hdr->seq != kc->seq)
-		goto to_user; /* an operation not armed here (yet) */
+	if (kc->seq == 0 || hdr->seq != kc->seq) {
+		/* A new batch of an operation not armed here (yet): its
+		 * mapper began first. Held off unacknowledged, the window
+		 * untouched; the mapper sends it again and, armed by then,
+		 * XDP folds it. */
+		aggbox_kvcount_stat(AGGBOX_KVSTAT_HELD);
+		return XDP_DROP;
+	}
 	if (__sync_val_compare_and_swap(slot, cur, ((__u64)b << 32) | AGGBOX_KV_BUSY) != cur)
 		return XDP_DROP; /* claimed meanwhile by another CPU */
 	s = bpf_map_lookup_elem(&ab_kvscratch, &zero);

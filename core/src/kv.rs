@@ -208,8 +208,8 @@ pub struct KvStats {
     /// key, the kernel table full) and user space merged.
     pub spilled: u64,
     /// Kernel datapath: batches that reached this owner's socket unfolded
-    /// because XDP was not armed for their operation yet (dropped; they
-    /// come again and XDP folds them).
+    /// and not spilled (dropped; they come again). XDP holds off a batch
+    /// that comes before it is armed for its operation, so this stays 0.
     pub batches_unarmed: u64,
 }
 
@@ -385,7 +385,7 @@ pub const KERNEL_KEY: usize = 32;
 /// `nchunks >> 16` of its pairs are folded in the kernel.
 pub const FLAG_KV_SPILL: u16 = 0x0020;
 /// `AGGBOX_KVSTAT_*` names, in index order (`ab_kvstats`).
-pub const KVSTAT_NAMES: [&str; 6] = ["pairs", "batches", "spilled", "duplicates", "to_user", "errors"];
+pub const KVSTAT_NAMES: [&str; 7] = ["pairs", "batches", "spilled", "duplicates", "to_user", "errors", "held"];
 /// Entries one `BPF_MAP_LOOKUP_AND_DELETE_BATCH` takes.
 const DRAIN_BATCH: usize = 8192;
 
@@ -1352,8 +1352,9 @@ impl Comm {
     /// Kernel datapath: a batch that reached the socket. XDP keeps the
     /// window of counted batches here, so only a spilled batch (flagged
     /// `KV_SPILL`, its first pairs folded by XDP) is the process's: it
-    /// folds the rest, once. Any other came before XDP was armed for its
-    /// operation and is dropped (it comes again).
+    /// folds the rest, once. XDP holds off (drops) a new batch of an
+    /// operation it is not armed for, so any other is odd (counted as
+    /// `batches_unarmed`, dropped: it comes again).
     fn kv_on_spill(&mut self, got: &Received, current: bool) -> Result<bool> {
         let header = got.header;
         let mapper = header.sender as usize;
@@ -1571,8 +1572,9 @@ mod tests {
     /// into its KV_ACK (XDP_TX); its repeat is acknowledged and not folded
     /// again; a batch whose last key is longer than 32 bytes folds the rest
     /// and goes up flagged KV_SPILL (again on a repeat); a full table
-    /// spills from the first new key; a batch of an operation not armed
-    /// goes up untouched.
+    /// spills from the first new key; a new batch of an operation not
+    /// armed (yet) is held off (dropped unacknowledged) and folded once
+    /// armed; one of the armed operation with another dtype goes up.
     #[test]
     fn xdp_folds_acknowledges_and_spills_crafted_batches() {
         use crate::{
@@ -1649,12 +1651,24 @@ mod tests {
         assert_eq!(h.nchunks >> 16, 2, "dog and fox folded, gnu did not fit");
         assert_eq!((kernel_value(&table, b"fox"), kernel_value(&table, b"gnu")), (Some(1), None));
 
-        // Another operation than the armed one: up, untouched.
+        // A new batch of another operation than the armed one: held off
+        // (dropped unacknowledged, the window untouched), folded once
+        // that operation is armed.
         let other = kv_frame(2, 4, &[(b"cat", 1)]);
-        let out = run(&other);
-        assert_eq!(out.retval, xdp::PASS);
-        assert_eq!(out.frame, other);
+        assert_eq!(run(&other).retval, xdp::DROP);
         assert_eq!(kernel_value(&table, b"cat"), Some(13));
+        // Likewise before the communicator wrote its arming at all.
+        kvmap::update(&kvctl, &0u32, &KvCtl::default(), "kvctl").unwrap();
+        assert_eq!(run(&kv_frame(1, 5, &[(b"cat", 1)])).retval, xdp::DROP);
+        kvmap::update(&kvctl, &0u32, &KvCtl { seq: 2, ..arming }, "kvctl").unwrap();
+        assert_eq!(run(&other).retval, xdp::TX, "armed now: folded");
+        assert_eq!(kernel_value(&table, b"cat"), Some(14));
+        // The armed operation with another dtype: up, for the process to
+        // fail the call as mismatched.
+        let odd = kv_frame(2, 6, &[(b"cat", 1)]);
+        kvmap::update(&kvctl, &0u32, &KvCtl { seq: 2, dtype: Dtype::U64.code(), ..arming }, "kvctl").unwrap();
+        assert_eq!(run(&odd).retval, xdp::PASS);
+        assert_eq!(kernel_value(&table, b"cat"), Some(14));
     }
 
     fn size_of_key() -> u32 {
