@@ -305,6 +305,56 @@ static __always_inline int aggbox_xdp_bounce(struct xdp_md *ctx)
 	return XDP_TX;
 }
 
+/* ---- XDP: placing a chunk in a mapped slot ------------------------------------ */
+
+/* What aggbox_xdp_place did. */
+#define AGGBOX_PLACED 0 /* copied in and published: the process may copy it */
+#define AGGBOX_PLACE_HELD 1 /* the slot holds this chunk already: a repeat */
+#define AGGBOX_PLACE_REFUSED 2 /* not taken: leave it to user space, which places it exactly once */
+
+/*
+ * Copies the frame's `len` payload bytes into `slot` as the chunk tagged
+ * `tag` (broadcast chunks in a receive window, reduction results in a
+ * result window). The slot is taken only from a chunk older than this one
+ * that nobody is copying in: never from a CPU still writing (busy), nor
+ * from a newer chunk (this one is a stale copy that raced the window
+ * forward). The caller checked len against the chunk's size.
+ */
+static __always_inline int aggbox_xdp_place(struct xdp_md *ctx, struct aggbox_rxslot *slot, __u64 tag, __u32 len)
+{
+	__u64 busy = tag | ((__u64)AGGBOX_TAG_BUSY), cur = slot->tag;
+
+	if (cur == tag)
+		return AGGBOX_PLACE_HELD;
+	if ((cur & AGGBOX_TAG_BUSY) || !aggbox_tag_older(cur, tag))
+		return AGGBOX_PLACE_REFUSED;
+	if (__sync_val_compare_and_swap(&slot->tag, cur, busy) != cur)
+		return AGGBOX_PLACE_REFUSED;
+	/* The bound again, on the register the copy takes. */
+	barrier_var(len);
+	if (len > AGGBOX_CHUNK_MAX || (len > 0 && bpf_xdp_load_bytes(ctx, AGGBOX_OFF_PAYLOAD, slot->data, len))) {
+		__sync_val_compare_and_swap(&slot->tag, busy, cur); /* give the slot back as it was */
+		return AGGBOX_PLACE_REFUSED;
+	}
+	if (__sync_val_compare_and_swap(&slot->tag, busy, tag) != busy)
+		return AGGBOX_PLACE_REFUSED;
+	return AGGBOX_PLACED;
+}
+
+/*
+ * Counts one chunk landed (`*landed`, now `*count`); returns whether the
+ * process must be told now: on reaching its `*target` (once: `*notified`;
+ * the process may have handled some chunks itself, so "complete" is
+ * reaching the target), and every `notify` chunks on the way.
+ */
+static __always_inline int aggbox_count_landed(__u32 *landed, __u32 *target, __u32 *notified, __u32 notify,
+					       __u32 *count)
+{
+	*count = __sync_fetch_and_add(landed, 1) + 1;
+	return (*count >= *target && __sync_val_compare_and_swap(notified, 0, 1) == 0) ||
+	       (notify && *count % notify == 0);
+}
+
 /* ---- XDP: receiver ------------------------------------------------------------ */
 
 /* Bytes of an element of wire dtype `code` (core/src/dtype.rs), 0 if unknown. */
@@ -383,7 +433,6 @@ static __always_inline int aggbox_xdp_bcast_data(struct xdp_md *ctx, struct aggb
 	struct aggbox_rxctl *rx;
 	struct aggbox_rxslot *slot;
 	__u32 seq = hdr->seq, chunk = hdr->chunk, len, want, slot_idx, landed;
-	__u64 tag, busy, cur;
 	__u16 rank;
 
 	ctl = bpf_map_lookup_elem(&ab_ctl, &ctl_idx);
@@ -414,36 +463,21 @@ static __always_inline int aggbox_xdp_bcast_data(struct xdp_md *ctx, struct aggb
 	slot = bpf_map_lookup_elem(&ab_rxwin, &slot_idx);
 	if (!slot)
 		goto to_user;
-	tag = aggbox_tag(seq, chunk);
-	busy = tag | ((__u64)AGGBOX_TAG_BUSY);
-	cur = slot->tag;
-	if (cur == tag) {
+	switch (aggbox_xdp_place(ctx, slot, aggbox_tag(seq, chunk), len)) {
+	case AGGBOX_PLACE_HELD:
 		aggbox_bcount(AGGBOX_BSTAT_DUPLICATES); /* its ACK was lost: ACK again */
 		goto ack;
+	case AGGBOX_PLACED:
+		break;
+	default:
+		goto to_user;
 	}
-	/* Take the slot only from a chunk older than this one that nobody is
-	 * copying in: never from a CPU still writing (busy), nor from a newer
-	 * chunk (this one is a stale copy that raced the window forward).
-	 * Anything else goes to user space, which places it exactly once. */
-	if ((cur & AGGBOX_TAG_BUSY) || !aggbox_tag_older(cur, tag))
-		goto to_user;
-	if (__sync_val_compare_and_swap(&slot->tag, cur, busy) != cur)
-		goto to_user;
-	if (len > 0 && len <= AGGBOX_CHUNK_MAX && bpf_xdp_load_bytes(ctx, AGGBOX_OFF_PAYLOAD, slot->data, len))
-		goto to_user_busy;
-	/* Published: the process may copy it. */
-	if (__sync_val_compare_and_swap(&slot->tag, busy, tag) != busy)
-		goto to_user;
 	if (rx->seq != seq)
 		goto to_user; /* the window moved on meanwhile: do not count it */
 	aggbox_bcount(AGGBOX_BSTAT_PLACED);
-	landed = __sync_fetch_and_add(&rx->landed, 1) + 1;
 	rank = rx->rank;
-	/* The one notice at completion (the process may have placed some chunks
-	 * itself, so "complete" is reaching its target), and one per half
-	 * window on the way. */
-	if ((landed >= rx->target && __sync_val_compare_and_swap(&rx->notified, 0, 1) == 0) ||
-	    (rx->notify && landed % rx->notify == 0)) {
+	/* The one notice at completion, and one per quarter window on the way. */
+	if (aggbox_count_landed(&rx->landed, &rx->target, &rx->notified, rx->notify, &landed)) {
 		hdr = aggbox_xdp_strip(ctx, len);
 		if (!hdr)
 			return XDP_DROP;
@@ -471,8 +505,6 @@ reply:
 	aggbox_bcount(AGGBOX_BSTAT_ACKS_SENT);
 	return aggbox_xdp_bounce(ctx);
 
-to_user_busy:
-	__sync_val_compare_and_swap(&slot->tag, busy, cur); /* give the slot back as it was */
 to_user:
 	aggbox_bcount(AGGBOX_BSTAT_TO_USER);
 	return XDP_PASS;

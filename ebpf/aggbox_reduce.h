@@ -183,10 +183,9 @@ static __always_inline int aggbox_red_recipient(struct aggbox_redctl *red, __u32
  * target (once), and every `notify` chunks on the way. */
 static __always_inline int aggbox_red_landed(struct aggbox_redctl *red)
 {
-	__u32 landed = __sync_fetch_and_add(&red->landed, 1) + 1;
+	__u32 landed;
 
-	return (landed >= red->target && __sync_val_compare_and_swap(&red->notified, 0, 1) == 0) ||
-	       (red->notify && landed % red->notify == 0);
+	return aggbox_count_landed(&red->landed, &red->target, &red->notified, red->notify, &landed);
 }
 
 /*
@@ -497,10 +496,34 @@ static __always_inline int aggbox_xdp_red_fold_stage(struct xdp_md *ctx)
 	return XDP_PASS;
 }
 
+/* What a RED_RESULT (`result`) or a RED_DONE from the wire is to reduction
+ * `red` at this rank. */
+#define AGGBOX_ANSWER_TAKE 0 /* of the armed call, from the chunk's owner, in the window */
+#define AGGBOX_ANSWER_OLD 1 /* below the window: copied out long ago, a repeat */
+#define AGGBOX_ANSWER_OTHER 2 /* not armed, not for this rank, beyond the credit, odd: user space judges */
+
+static __always_inline int aggbox_red_answer(struct aggbox_redctl *red, struct aggbox_hdr *hdr, int result)
+{
+	__u32 chunk = hdr->chunk;
+
+	if (!red->fanout || red->seq == 0 || hdr->seq != red->seq || hdr->nchunks != red->nchunks ||
+	    hdr->count != red->count || hdr->dtype != red->dtype || hdr->op != red->op || chunk >= red->nchunks ||
+	    red->ranks == 0 || aggbox_red_recipient(red, hdr->op >> 4, red->rank) != result)
+		return AGGBOX_ANSWER_OTHER;
+	/* From the chunk's owner (classify checked the sender's address), and
+	 * within the window the process gave. */
+	if (hdr->sender != aggbox_red_owner(red, chunk) || hdr->sender == red->rank || chunk >= red->credit)
+		return AGGBOX_ANSWER_OTHER;
+	if (chunk + AGGBOX_RES_SLOTS < red->credit)
+		return AGGBOX_ANSWER_OLD;
+	return AGGBOX_ANSWER_TAKE;
+}
+
 /*
  * XDP ingress, a RED_RESULT at a member: place it in the result window of
- * the allreduce this communicator armed, and count it landed; otherwise
- * (not armed, not in the window, odd) pass it up unchanged.
+ * the reduction this communicator armed (and gets the results of), and
+ * count it landed; otherwise (not armed, not in the window, odd) pass it up
+ * unchanged.
  */
 static __always_inline int aggbox_xdp_red_result(struct xdp_md *ctx, struct aggbox_pkt *pkt)
 {
@@ -510,23 +533,19 @@ static __always_inline int aggbox_xdp_red_result(struct xdp_md *ctx, struct aggb
 	struct aggbox_ctl *ctl;
 	__u32 ctl_idx = pkt->ctl, seq = hdr->seq, chunk = hdr->chunk, phase = seq & (AGGBOX_RED_PHASES - 1);
 	__u32 len, want, slot_idx;
-	__u64 tag, busy, cur;
 
 	ctl = bpf_map_lookup_elem(&ab_ctl, &ctl_idx);
 	if (!ctl || pkt->ip->ihl != 5)
 		goto to_user;
 	red = &ctl->red[phase];
-	if (!red->fanout || red->seq == 0 || seq != red->seq || hdr->nchunks != red->nchunks ||
-	    hdr->count != red->count || hdr->dtype != red->dtype || hdr->op != red->op || chunk >= red->nchunks ||
-	    red->ranks == 0 || !aggbox_red_recipient(red, hdr->op >> 4, red->rank))
-		goto to_user;
-	/* From the chunk's owner (classify checked the sender's address), and
-	 * within the window the process gave. */
-	if (hdr->sender != aggbox_red_owner(red, chunk) || hdr->sender == red->rank || chunk >= red->credit)
-		goto to_user;
-	if (chunk + AGGBOX_RES_SLOTS < red->credit) {
-		aggbox_rcount(AGGBOX_RSTAT_DUPLICATES); /* copied out long ago */
+	switch (aggbox_red_answer(red, hdr, 1)) {
+	case AGGBOX_ANSWER_OLD:
+		aggbox_rcount(AGGBOX_RSTAT_DUPLICATES);
 		return XDP_DROP;
+	case AGGBOX_ANSWER_TAKE:
+		break;
+	default:
+		goto to_user;
 	}
 	len = bpf_ntohs(pkt->udp->len) - sizeof(struct udphdr) - sizeof(*hdr);
 	want = chunk + 1 == red->nchunks ? red->result_last : red->chunk_bytes;
@@ -536,24 +555,16 @@ static __always_inline int aggbox_xdp_red_result(struct xdp_md *ctx, struct aggb
 	slot = bpf_map_lookup_elem(&ab_redres, &slot_idx);
 	if (!slot)
 		goto to_user;
-	tag = aggbox_tag(seq, chunk);
-	busy = tag | ((__u64)AGGBOX_TAG_BUSY);
-	cur = slot->tag;
-	if (cur == tag) {
+	switch (aggbox_xdp_place(ctx, slot, aggbox_tag(seq, chunk), len)) {
+	case AGGBOX_PLACE_HELD:
 		aggbox_rcount(AGGBOX_RSTAT_DUPLICATES);
 		return XDP_DROP;
-	}
-	/* As a broadcast chunk: only from an older result nobody is copying. */
-	if ((cur & AGGBOX_TAG_BUSY) || !aggbox_tag_older(cur, tag))
-		goto to_user;
-	if (__sync_val_compare_and_swap(&slot->tag, cur, busy) != cur)
-		goto to_user;
-	barrier_var(len);
-	if (len == 0 || len > AGGBOX_CHUNK_MAX || bpf_xdp_load_bytes(ctx, AGGBOX_OFF_PAYLOAD, slot->data, len)) {
-		__sync_val_compare_and_swap(&slot->tag, busy, cur);
+	case AGGBOX_PLACED:
+		break;
+	default:
 		goto to_user;
 	}
-	if (__sync_val_compare_and_swap(&slot->tag, busy, tag) != busy || red->seq != seq)
+	if (red->seq != seq)
 		goto to_user;
 	aggbox_rcount(AGGBOX_RSTAT_PLACED);
 	if (!aggbox_red_landed(red))
@@ -592,15 +603,14 @@ static __always_inline int aggbox_xdp_red_done(struct xdp_md *ctx, struct aggbox
 	if (!ctl)
 		goto to_user;
 	red = &ctl->red[phase];
-	if (!red->fanout || red->seq == 0 || seq != red->seq || hdr->nchunks != red->nchunks ||
-	    hdr->count != red->count || hdr->dtype != red->dtype || hdr->op != red->op || chunk >= red->nchunks ||
-	    red->ranks == 0 || aggbox_red_recipient(red, hdr->op >> 4, red->rank))
-		goto to_user;
-	if (hdr->sender != aggbox_red_owner(red, chunk) || hdr->sender == red->rank || chunk >= red->credit)
-		goto to_user;
-	if (chunk + AGGBOX_RES_SLOTS < red->credit) {
+	switch (aggbox_red_answer(red, hdr, 0)) {
+	case AGGBOX_ANSWER_OLD:
 		aggbox_rcount(AGGBOX_RSTAT_DUPLICATES);
 		return XDP_DROP;
+	case AGGBOX_ANSWER_TAKE:
+		break;
+	default:
+		goto to_user;
 	}
 	slot_idx = ctl_idx * AGGBOX_RES_SLOTS + (chunk & (AGGBOX_RES_SLOTS - 1));
 	slot = bpf_map_lookup_elem(&ab_redres, &slot_idx);
