@@ -181,11 +181,7 @@ struct {
 
 static __always_inline void aggbox_kvcount_stat(enum aggbox_kvstat stat)
 {
-	__u32 idx = stat;
-	__u64 *value = bpf_map_lookup_elem(&ab_kvstats, &idx);
-
-	if (value)
-		*value += 1;
+	aggbox_percpu_inc(&ab_kvstats, stat);
 }
 
 static __always_inline void aggbox_kvcount_pairs(__u32 n)

@@ -339,13 +339,19 @@ struct {
 	__uint(pinning, LIBBPF_PIN_BY_NAME);
 } ab_bstats SEC(".maps");
 
-static __always_inline void aggbox_bcount(enum aggbox_bstat stat)
+/* Adds 1 to counter `idx` of the per-CPU counter array `map` (this CPU's
+ * slot: no other CPU writes it). */
+static __always_inline void aggbox_percpu_inc(void *map, __u32 idx)
 {
-	__u32 idx = stat;
-	__u64 *value = bpf_map_lookup_elem(&ab_bstats, &idx);
+	__u64 *value = bpf_map_lookup_elem(map, &idx);
 
 	if (value)
 		*value += 1;
+}
+
+static __always_inline void aggbox_bcount(enum aggbox_bstat stat)
+{
+	aggbox_percpu_inc(&ab_bstats, stat);
 }
 
 /* Reduction counters of the host: ab_rstats[stat], per CPU. */
@@ -375,20 +381,12 @@ struct {
 
 static __always_inline void aggbox_rcount(enum aggbox_rstat stat)
 {
-	__u32 idx = stat;
-	__u64 *value = bpf_map_lookup_elem(&ab_rstats, &idx);
-
-	if (value)
-		*value += 1;
+	aggbox_percpu_inc(&ab_rstats, stat);
 }
 
 static __always_inline void aggbox_count(enum aggbox_prog prog, enum aggbox_stat stat)
 {
-	__u32 idx = (__u32)prog * AGGBOX_STAT_MAX + (__u32)stat;
-	__u64 *value = bpf_map_lookup_elem(&ab_stats, &idx);
-
-	if (value)
-		*value += 1; /* per-CPU slot: no other CPU writes it */
+	aggbox_percpu_inc(&ab_stats, (__u32)prog * AGGBOX_STAT_MAX + (__u32)stat);
 }
 
 #endif /* AGGBOX_MAPS_H */
