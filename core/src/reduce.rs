@@ -253,12 +253,6 @@ impl Plan {
         format!("{} #{}", self.coll.name(), self.seq)
     }
 
-    /// The kernel completes this call's chunks as results (and DONEs) that
-    /// it sends and places: XDP folds it.
-    fn fanout(&self) -> bool {
-        self.kernel
-    }
-
     /// The owned index of this rank's first owned chunk at or after `chunk`.
     fn first_owned_from(&self, chunk: usize) -> usize {
         match self.coll {
@@ -268,9 +262,9 @@ impl Plan {
     }
 
     /// Chunks past the first not done a contributor keeps in flight: on
-    /// the kernel fan-out path no more than the result window holds.
+    /// the kernel datapath no more than the result window holds.
     fn window(&self) -> usize {
-        if self.fanout() {
+        if self.kernel {
             RES_SLOTS as usize
         } else {
             WINDOW
@@ -842,22 +836,12 @@ impl Comm {
                 plan.describe()
             )));
         }
-        // Chunks the ranks ahead of this one completed as it joined them.
-        if plan.fanout() {
-            for i in 0..self.red.joined.len() {
-                let chunk = self.red.joined[i];
-                if !self.red.done[chunk] {
-                    self.red_complete(plan, bufs, chunk, &mut remaining, true)?;
-                }
-            }
-        } else if plan.kernel {
-            for (owned, chunk) in plan.owned_chunks().take(RED_SLOTS as usize).enumerate() {
-                let complete = red_windows(self.attachment.as_ref(), plan).is_some_and(|w| {
-                    w.red_is_done(plan.seq, owned as u32) && w.red_holds(owned as u32, plan.seq, chunk as u32)
-                });
-                if complete && !self.red.done[chunk] {
-                    self.red_complete(plan, bufs, chunk, &mut remaining, true)?;
-                }
+        // Chunks this rank's own contribution completed as it joined the
+        // ranks ahead of it (those XDP completed are found by the scan).
+        for i in 0..self.red.joined.len() {
+            let chunk = self.red.joined[i];
+            if !self.red.done[chunk] {
+                self.red_complete(plan, bufs, chunk, &mut remaining, true)?;
             }
         }
         self.red_replay_early(plan, bufs, &mut remaining)?;
@@ -866,7 +850,7 @@ impl Comm {
         let mut backoff = Backoff::starting(RED_RTO_INITIAL, RED_RTO_MAX);
         // On the fan-out path, what XDP landed is read from the maps: at
         // the start, on a RED_LANDED notice, and when the timer fires.
-        let mut scan = plan.fanout();
+        let mut scan = plan.kernel;
         let mut landed_seen = 0;
         loop {
             if std::mem::take(&mut scan) {
@@ -884,25 +868,23 @@ impl Comm {
             // Fresh contributions within the window.
             let end = plan.nchunks.min(low + plan.window());
             if next < end {
-                if plan.fanout() {
-                    // Their results have room in the result window.
-                    if let Some(windows) = red_windows(self.attachment.as_ref(), plan) {
-                        windows.set_red_credit(plan.seq, end as u32);
-                    }
+                // Their results have room in the result window.
+                if let Some(windows) = red_windows(self.attachment.as_ref(), plan) {
+                    windows.set_red_credit(plan.seq, end as u32);
                 }
                 self.red_send_data(plan, bufs, next..end, false)?;
                 next = end;
             }
             if let Some(got) = self.recv_valid(backoff.due())? {
                 if got.kind == Kind::RedLanded && got.header.seq == plan.seq {
-                    scan = plan.fanout();
+                    scan = plan.kernel;
                     backoff = Backoff::starting(RED_RTO_INITIAL, RED_RTO_MAX);
                 } else if self.red_on(plan, bufs, &got, &mut remaining)? {
                     backoff = Backoff::starting(RED_RTO_INITIAL, RED_RTO_MAX);
                 }
             }
             if backoff.fire() {
-                if let Some(windows) = red_windows(self.attachment.as_ref(), plan).filter(|_| plan.fanout()) {
+                if let Some(windows) = red_windows(self.attachment.as_ref(), plan) {
                     // Chunks landing in the kernel are progress too (it
                     // wakes this process only at the end): only a stall
                     // means something was lost. And a notice may have been
@@ -988,7 +970,7 @@ impl Comm {
                 continue;
             }
             if again {
-                if resent == if plan.fanout() { RESEND_MAX_KERNEL } else { RESEND_MAX } {
+                if resent == if plan.kernel { RESEND_MAX_KERNEL } else { RESEND_MAX } {
                     break;
                 }
                 resent += 1;
@@ -1055,7 +1037,7 @@ impl Comm {
                         self.red.done[chunk] = true;
                         self.user_stats.reduce_results_received += 1;
                         *remaining -= 1;
-                        if let Some(windows) = red_windows(self.attachment.as_ref(), plan).filter(|_| plan.fanout()) {
+                        if let Some(windows) = red_windows(self.attachment.as_ref(), plan) {
                             // Not one XDP placed (and counted) as well.
                             if !windows.res_holds(plan.seq, chunk as u32) {
                                 windows.red_handled(plan.seq);
@@ -1237,10 +1219,8 @@ impl Comm {
         if !send {
             return Ok(());
         }
-        if plan.fanout() {
-            if let Some(windows) = red_windows(self.attachment.as_ref(), plan) {
-                windows.red_handled(plan.seq);
-            }
+        if let Some(windows) = red_windows(self.attachment.as_ref(), plan) {
+            windows.red_handled(plan.seq);
         }
         // Answered with the other chunks completed by this receive batch
         // (`red_send_answers`): one sendmmsg for many chunks' results.
