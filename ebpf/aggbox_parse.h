@@ -96,7 +96,8 @@ aggbox_classify(void *data, void *data_end, enum aggbox_dir dir, enum aggbox_pro
 	if (hdr->version != AGGBOX_VERSION)
 		return aggbox_drop(prog, AGGBOX_STAT_DROP_BAD_VERSION);
 	if (hdr->kind == 0 || (hdr->kind >= AGGBOX_KIND_MAX &&
-				(hdr->kind < AGGBOX_KIND_KV_FIRST || hdr->kind >= AGGBOX_KIND_KV_MAX)))
+				(hdr->kind < AGGBOX_KIND_KV_FIRST || hdr->kind >= AGGBOX_KIND_KV_MAX) &&
+				(hdr->kind < AGGBOX_KIND_AGREE_FIRST || hdr->kind >= AGGBOX_KIND_AGREE_MAX)))
 		return aggbox_drop(prog, AGGBOX_STAT_DROP_BAD_KIND);
 	if (hdr->group != port->group)
 		return aggbox_drop(prog, AGGBOX_STAT_DROP_UNKNOWN_GROUP);

@@ -58,6 +58,25 @@ enum aggbox_kv_kind {
 	AGGBOX_KIND_KV_MAX = 25, /* first unused value of the range */
 };
 
+/* Approximate agreement (docs/AGREEMENT.md), a range of its own. `seq` is
+ * the agreement, `chunk` the phase, `nchunks` its last phase, and the body
+ * is a struct aggbox_agree_body. */
+enum aggbox_agree_kind {
+	AGGBOX_KIND_AGREE_FIRST = 30,
+	AGGBOX_KIND_AGREE_VALUE = 30, /* rank -> rank: "my value of phase `chunk` is the body's" */
+	AGGBOX_KIND_AGREE_QUORUM = 31, /* XDP -> its own host's socket: phase `chunk` has its quorum */
+	AGGBOX_KIND_AGREE_MAX = 32, /* first unused value of the range */
+};
+
+/* The body of AGREE_VALUE (and AGREE_QUORUM) after the header (16 bytes). */
+struct aggbox_agree_body {
+	__u64 value; /* the f64's bits, little-endian */
+	__u32 incarnation; /* the sender's start counter (its store's counter) */
+	__u32 reserved; /* 0 */
+};
+
+#define AGGBOX_AGREE_BODY_LEN 16
+
 /* Header flags. */
 #define AGGBOX_FLAG_RETRANSMIT 0x0001 /* this datagram repeats an earlier one */
 #define AGGBOX_FLAG_FANOUT 0x0002 /* BCAST_DATA: TC egress clones it to every member;
@@ -66,6 +85,7 @@ enum aggbox_kv_kind {
 #define AGGBOX_FLAG_MISMATCH 0x0008 /* BCAST_ABORT: the ranks' calls disagree */
 #define AGGBOX_FLAG_ANSWERED 0x0010 /* BCAST_LANDED: the kernel sent this chunk's ACK already */
 #define AGGBOX_FLAG_NOTIFY 0x0020 /* RED_RESULT from XDP: after the fan-out, it goes up as RED_LANDED */
+#define AGGBOX_FLAG_ANSWER 0x0040 /* AGREE_VALUE: an answer to a rank that lags behind */
 
 /* The fixed header at the start of every AggBox UDP payload (40 bytes). */
 struct aggbox_hdr {

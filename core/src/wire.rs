@@ -26,6 +26,45 @@ pub const FLAG_ANSWERED: u16 = 0x0010;
 /// `AGGBOX_FLAG_NOTIFY`: a RED_RESULT XDP made goes up as `RedLanded`
 /// after TC ingress fanned it out (kernel-internal, dropped on the wire).
 pub const FLAG_NOTIFY: u16 = 0x0020;
+/// `AGREE_VALUE`: an answer to a rank that lags behind (it is not answered
+/// in turn).
+pub const FLAG_ANSWER: u16 = 0x0040;
+/// Bytes of [`AgreeBody`] after the header.
+pub const AGREE_BODY_LEN: usize = 16;
+
+/// `struct aggbox_agree_body`: what an `AGREE_VALUE` carries after the
+/// header. Little-endian.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[repr(C)]
+pub struct AgreeBody {
+    /// The value's `f64` bits.
+    pub value: u64,
+    /// The sender's start counter (the counter of its store).
+    pub incarnation: u32,
+    /// 0.
+    pub reserved: u32,
+}
+
+impl AgreeBody {
+    /// The body's bytes.
+    pub fn to_bytes(&self) -> [u8; AGREE_BODY_LEN] {
+        let mut out = [0u8; AGREE_BODY_LEN];
+        out[..8].copy_from_slice(&self.value.to_le_bytes());
+        out[8..12].copy_from_slice(&self.incarnation.to_le_bytes());
+        out[12..].copy_from_slice(&self.reserved.to_le_bytes());
+        out
+    }
+
+    /// The body at the start of `payload`, if it is long enough.
+    pub fn from_bytes(payload: &[u8]) -> Option<AgreeBody> {
+        let b = payload.get(..AGREE_BODY_LEN)?;
+        Some(AgreeBody {
+            value: u64::from_le_bytes(b[..8].try_into().ok()?),
+            incarnation: u32::from_le_bytes(b[8..12].try_into().ok()?),
+            reserved: u32::from_le_bytes(b[12..].try_into().ok()?),
+        })
+    }
+}
 /// Largest chunk payload (a window slot of the kernel datapath).
 pub const CHUNK_MAX: usize = 4032;
 /// IPv4 + UDP + AggBox header bytes in every datagram.
@@ -95,6 +134,12 @@ pub enum Kind {
     KvFinAck = 23,
     /// any -> any: "key-value reduce `seq` failed: rank `count`".
     KvAbort = 24,
+    /// rank -> rank: "my value of phase `chunk` (of `nchunks`) of agreement
+    /// `seq` is the body's" ([`AgreeBody`], docs/AGREEMENT.md).
+    AgreeValue = 30,
+    /// XDP -> its own host's socket: "phase `chunk` of agreement `seq` has
+    /// its quorum in the window".
+    AgreeQuorum = 31,
 }
 
 impl Kind {
@@ -121,6 +166,8 @@ impl Kind {
             22 => Kind::KvFin,
             23 => Kind::KvFinAck,
             24 => Kind::KvAbort,
+            30 => Kind::AgreeValue,
+            31 => Kind::AgreeQuorum,
             _ => return None,
         })
     }
@@ -275,6 +322,15 @@ mod tests {
                 "AGGBOX_KIND_KV_FIN_ACK",
                 "AGGBOX_KIND_KV_ABORT",
                 "AGGBOX_KIND_KV_MAX",
+                "AGGBOX_KIND_AGREE_FIRST",
+                "AGGBOX_KIND_AGREE_VALUE",
+                "AGGBOX_KIND_AGREE_QUORUM",
+                "AGGBOX_KIND_AGREE_MAX",
+                "AGGBOX_FLAG_ANSWER",
+                "AGGBOX_AGREE_BODY_LEN",
+                "sizeof(struct aggbox_agree_body)",
+                "offsetof(struct aggbox_agree_body, value)",
+                "offsetof(struct aggbox_agree_body, incarnation)",
             ]
             .map(String::from),
         );
@@ -328,6 +384,15 @@ mod tests {
             Kind::KvFinAck as u64,
             Kind::KvAbort as u64,
             Kind::KvAbort as u64 + 1,
+            Kind::AgreeValue as u64,
+            Kind::AgreeValue as u64,
+            Kind::AgreeQuorum as u64,
+            Kind::AgreeQuorum as u64 + 1,
+            FLAG_ANSWER as u64,
+            AGREE_BODY_LEN as u64,
+            std::mem::size_of::<AgreeBody>() as u64,
+            offset_of!(AgreeBody, value) as u64,
+            offset_of!(AgreeBody, incarnation) as u64,
         ];
         assert_eq!(rust, c);
     }
