@@ -51,6 +51,30 @@ pub const DEFAULT_MASTER_PORT: u16 = 29500;
 /// Default timeout of rendezvous and of every operation.
 pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(30);
 
+/// Who hosts the rendezvous store at `master_addr:master_port`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum StoreHost {
+    /// Rank 0 hosts it for the length of rendezvous (as torch's env
+    /// rendezvous); a rank that restarts cannot rejoin.
+    RankZero,
+    /// A store that outlives the ranks (`aggbox store`, or
+    /// [`crate::rendezvous::Store`]); every rank, rank 0 included, joins it,
+    /// and a rank that crashed and is started again with the same address
+    /// rejoins its group (what crash-recovery agreement needs).
+    External,
+}
+
+impl FromStr for StoreHost {
+    type Err = Error;
+    fn from_str(s: &str) -> Result<Self> {
+        match s.to_ascii_lowercase().as_str() {
+            "rank0" | "" => Ok(StoreHost::RankZero),
+            "external" => Ok(StoreHost::External),
+            other => Err(Error::InvalidArgument(format!("store {other:?}: expected rank0 or external"))),
+        }
+    }
+}
+
 /// Everything a communicator needs to start.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Config {
@@ -70,6 +94,8 @@ pub struct Config {
     pub datapath: Datapath,
     /// Timeout of rendezvous and of every operation.
     pub timeout: Duration,
+    /// Who hosts the rendezvous store.
+    pub store: StoreHost,
 }
 
 impl Default for Config {
@@ -83,6 +109,7 @@ impl Default for Config {
             port: 0,
             datapath: Datapath::Auto,
             timeout: DEFAULT_TIMEOUT,
+            store: StoreHost::RankZero,
         }
     }
 }
@@ -105,7 +132,8 @@ fn parse_var<T: FromStr>(
 impl Config {
     /// Reads RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT (as torch and Horovod
     /// use them), AGGBOX_IFACE, AGGBOX_PORT, AGGBOX_DATAPATH and
-    /// AGGBOX_TIMEOUT_MS from the process environment.
+    /// AGGBOX_TIMEOUT_MS and AGGBOX_STORE (`rank0` or `external`) from the
+    /// process environment.
     pub fn from_env() -> Result<Self> {
         Self::from_lookup(|name| std::env::var(name).ok())
     }
@@ -126,6 +154,7 @@ impl Config {
                 "AGGBOX_TIMEOUT_MS",
                 Some(defaults.timeout.as_millis() as u64),
             )?),
+            store: parse_var(&get, "AGGBOX_STORE", Some(StoreHost::RankZero))?,
         };
         config.validate()?;
         Ok(config)
@@ -176,6 +205,7 @@ mod tests {
             ("AGGBOX_PORT", "47010"),
             ("AGGBOX_DATAPATH", "kernel"),
             ("AGGBOX_TIMEOUT_MS", "1500"),
+            ("AGGBOX_STORE", "external"),
         ]))
         .unwrap();
         assert_eq!(
@@ -189,6 +219,7 @@ mod tests {
                 port: 47010,
                 datapath: Datapath::Kernel,
                 timeout: Duration::from_millis(1500),
+                store: StoreHost::External,
             }
         );
     }

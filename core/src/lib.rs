@@ -50,7 +50,7 @@ pub mod window;
 mod layout_check;
 
 pub use comm::Comm;
-pub use config::{Config, Datapath};
+pub use config::{Config, Datapath, StoreHost};
 pub use dtype::{Dtype, Element};
 pub use error::{Error, Result, Status};
 pub use op::ReduceOp;

@@ -5,15 +5,28 @@
 //! in one line, and gets back the whole table in a few lines: the group id and
 //! the random group token rank 0 drew, then each rank's address, MAC, UDP port
 //! and datapath. The text format is in `docs/PROTOCOL.md`.
+//!
+//! With `AGGBOX_STORE=external` the store is a [`Store`] of its own (`aggbox
+//! store`) that outlives the ranks: every rank joins it as above, rank 0
+//! too, and it keeps the table, so a rank that crashed and is started again
+//! from the same address gets the same group back (crash-recovery
+//! agreement, docs/AGREEMENT.md).
 
 use std::{
     io::{self, BufRead, BufReader, Read, Write},
     net::{Ipv4Addr, SocketAddrV4, TcpListener, TcpStream},
+    os::fd::AsRawFd,
     str::FromStr,
+    sync::{
+        atomic::{AtomicBool, Ordering},
+        Arc,
+    },
+    thread::JoinHandle,
     time::{Duration, Instant},
 };
 
 use crate::{
+    config::StoreHost,
     netif::{format_mac, parse_mac},
     Config, Datapath, Error, Result,
 };
@@ -121,7 +134,7 @@ pub fn rendezvous_with(
 ) -> Result<GroupInfo> {
     let store = SocketAddrV4::new(config.master_addr, config.master_port);
     let deadline = Instant::now() + config.timeout;
-    if config.rank == 0 {
+    if config.rank == 0 && config.store == StoreHost::RankZero {
         host(config, store, me, deadline, setup)
     } else {
         join(config, store, me, deadline, setup)
@@ -201,11 +214,7 @@ fn host(
         token: random_u64()?,
         peers: peers.into_iter().map(|p| p.expect("every rank arrived")).collect(),
     };
-    let mut table = format!("{TABLE} {STORE_VERSION} {} {} {}\n", info.group, info.token, n);
-    for peer in &info.peers {
-        table.push_str(&peer.to_line());
-        table.push('\n');
-    }
+    let table = table_text(&info);
     setup(&info)?;
     // Everyone gets the table even if one write fails; then report it.
     let mut sent: Result<()> = Ok(());
@@ -243,6 +252,16 @@ fn host(
 /// port scanner, a rank of another job) is refused and skipped; a rank of
 /// this job with the wrong world size is an error for everyone.
 fn read_hello(stream: TcpStream, n: usize, left: Duration) -> Result<Option<(PeerInfo, TcpStream)>> {
+    read_hello_from(stream, n, left, false)
+}
+
+/// [`read_hello`]; `rank0`: rank 0 may say hello too (an external store).
+fn read_hello_from(
+    stream: TcpStream,
+    n: usize,
+    left: Duration,
+    rank0: bool,
+) -> Result<Option<(PeerInfo, TcpStream)>> {
     stream.set_nonblocking(false).ok();
     // A connection that says nothing (a health probe) must not stall the
     // store, and a line may not grow without bound.
@@ -264,15 +283,162 @@ fn read_hello(stream: TcpStream, n: usize, left: Duration) -> Result<Option<(Pee
         let _ = writeln!(stream, "{REFUSED} not an AggBox hello of version {STORE_VERSION}");
         return Ok(None);
     };
-    if world != n || peer.rank == 0 || peer.rank >= n {
+    if world != n || (peer.rank == 0 && !rank0) || peer.rank >= n {
         let why = format!(
-            "rank {} says world size {world}, rank 0 has {n}: every rank must be started with the same WORLD_SIZE",
+            "rank {} says world size {world}, the store has {n}: every rank must be started with the same WORLD_SIZE",
             peer.rank
         );
         let _ = writeln!(stream, "{REFUSED} {why}");
         return Err(Error::InvalidArgument(format!("rendezvous: {why}")));
     }
     Ok(Some((peer, stream)))
+}
+
+/// The table's text, as the store sends it.
+fn table_text(info: &GroupInfo) -> String {
+    let mut table = format!("{TABLE} {STORE_VERSION} {} {} {}\n", info.group, info.token, info.peers.len());
+    for peer in &info.peers {
+        table.push_str(&peer.to_line());
+        table.push('\n');
+    }
+    table
+}
+
+/// Sends the table on `stream`, waits (until `wait`) for the rank's READY
+/// and sends GO; returns whether the rank got the go.
+fn hand_out(stream: &mut TcpStream, table: &str, wait: Duration) -> bool {
+    if stream.write_all(table.as_bytes()).is_err() {
+        return false;
+    }
+    stream.set_read_timeout(Some(wait)).ok();
+    let mut line = String::new();
+    let ready = matches!(BufReader::new(&*stream).take(MAX_LINE).read_line(&mut line), Ok(n) if n > 0)
+        && line.trim() == READY;
+    ready && stream.write_all(format!("{GO}\n").as_bytes()).is_ok()
+}
+
+/// How long an external store waits for a rank to set up after it sent it
+/// the table.
+const STORE_READY_WAIT: Duration = Duration::from_secs(10);
+
+/// A rendezvous store of its own (`AGGBOX_STORE=external`), serving one
+/// group of `world_size` ranks from a thread until it is dropped.
+///
+/// It collects every rank's hello (rank 0's too), draws the group id and
+/// token, and hands the table out as rank 0 does. Then it keeps it: a rank
+/// that says hello again later, from the same address, MAC, port and
+/// datapath (a process that crashed and was started again), gets the same
+/// table and joins the running group; one from anywhere else is refused with
+/// the reason, since the other ranks' tables (and kernel maps) still say
+/// where that rank was.
+pub struct Store {
+    addr: SocketAddrV4,
+    stop: Arc<AtomicBool>,
+    thread: Option<JoinHandle<()>>,
+}
+
+impl Store {
+    /// Serves a group of `world_size` ranks on `listener`.
+    pub fn serve(listener: TcpListener, world_size: usize) -> Result<Store> {
+        if world_size == 0 || world_size > crate::wire::MAX_RANKS {
+            return Err(Error::InvalidArgument(format!("store: world size {world_size} is not in 1..={}", crate::wire::MAX_RANKS)));
+        }
+        let addr = match listener.local_addr().map_err(|e| Error::system("store address", e))? {
+            std::net::SocketAddr::V4(addr) => addr,
+            other => return Err(Error::InvalidArgument(format!("store: {other} is not an IPv4 address"))),
+        };
+        listener.set_nonblocking(true).map_err(|e| Error::system("store listener", e))?;
+        let stop = Arc::new(AtomicBool::new(false));
+        let flag = Arc::clone(&stop);
+        let thread = std::thread::Builder::new()
+            .name("aggbox-store".into())
+            .spawn(move || serve_store(listener, world_size, &flag))
+            .map_err(|e| Error::system("starting the store thread", e))?;
+        Ok(Store { addr, stop, thread: Some(thread) })
+    }
+
+    /// Where it listens.
+    pub fn addr(&self) -> SocketAddrV4 {
+        self.addr
+    }
+}
+
+impl Drop for Store {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+        if let Some(thread) = self.thread.take() {
+            let _ = thread.join();
+        }
+    }
+}
+
+/// The store's loop: form the group, then answer rejoins, until `stop`.
+fn serve_store(listener: TcpListener, n: usize, stop: &AtomicBool) {
+    let mut peers: Vec<Option<PeerInfo>> = vec![None; n];
+    let mut waiting: Vec<Option<TcpStream>> = (0..n).map(|_| None).collect();
+    let mut group: Option<(GroupInfo, String)> = None;
+    while !stop.load(Ordering::Relaxed) {
+        let stream = match listener.accept() {
+            Ok((stream, _)) => stream,
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                let mut fd = libc::pollfd { fd: listener.as_raw_fd(), events: libc::POLLIN, revents: 0 };
+                // SAFETY: one valid pollfd.
+                unsafe { libc::poll(&mut fd, 1, 20) };
+                continue;
+            }
+            Err(e) => {
+                tracing::warn!("store: accept: {e}");
+                std::thread::sleep(Duration::from_millis(20));
+                continue;
+            }
+        };
+        let Ok(Some((peer, mut stream))) = read_hello_from(stream, n, HELLO_TIMEOUT, true) else { continue };
+        let rank = peer.rank;
+        match &group {
+            None => {
+                // A rank that restarts during formation replaces its hello.
+                peers[rank] = Some(peer);
+                waiting[rank] = Some(stream);
+                if peers.iter().all(Option::is_some) {
+                    let Some(info) = draw_group(&mut peers) else { continue };
+                    let table = table_text(&info);
+                    for (r, slot) in waiting.iter_mut().enumerate() {
+                        if let Some(mut s) = slot.take() {
+                            if !hand_out(&mut s, &table, STORE_READY_WAIT) {
+                                tracing::warn!("store: rank {r} did not get ready; it may rejoin");
+                            }
+                        }
+                    }
+                    group = Some((info, table));
+                }
+            }
+            Some((info, table)) => {
+                if info.peers[rank] != peer {
+                    let _ = writeln!(
+                        stream,
+                        "{REFUSED} rank {rank} rejoins from {} but the group has it at {}: start it again with the same address, port (AGGBOX_PORT) and datapath",
+                        peer.to_line(),
+                        info.peers[rank].to_line()
+                    );
+                    continue;
+                }
+                if !hand_out(&mut stream, table, STORE_READY_WAIT) {
+                    tracing::warn!("store: rank {rank} rejoined but did not get ready");
+                }
+            }
+        }
+    }
+}
+
+/// The group of a full table: a nonzero random id and a random token.
+fn draw_group(peers: &mut [Option<PeerInfo>]) -> Option<GroupInfo> {
+    let group = loop {
+        let candidate = random_u64().ok()? as u32;
+        if candidate != 0 {
+            break candidate;
+        }
+    };
+    Some(GroupInfo { group, token: random_u64().ok()?, peers: peers.iter().map(|p| p.clone().expect("full")).collect() })
 }
 
 /// Any other rank: connect (retrying while rank 0 is not up), say hello,
@@ -452,6 +618,24 @@ mod tests {
         assert!(matches!(err, Error::PeerFailed { rank: 1, .. }), "{err}");
         assert!(err.to_string().contains("rank 1 did not get ready"), "{err}");
         assert!(failing.join().unwrap().unwrap_err().to_string().contains("no XDP here"));
+    }
+
+    #[test]
+    fn an_external_store_forms_the_group_and_lets_a_restarted_rank_rejoin() {
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let store = Store::serve(listener, 3).unwrap();
+        let port = store.addr().port();
+        let external = move |rank| Config { store: StoreHost::External, ..config(rank, 3, port, 5_000) };
+        let handles: Vec<_> = (0..3).map(|rank| thread::spawn(move || rendezvous(&external(rank), me(rank, 7)))).collect();
+        let tables: Vec<GroupInfo> = handles.into_iter().map(|h| h.join().unwrap().unwrap()).collect();
+        assert!(tables.iter().all(|t| t == &tables[0]));
+        let expected: Vec<PeerInfo> = (0..3).map(|r| me(r, 7)).collect();
+        assert_eq!(tables[0].peers, expected);
+        // Rank 0 crashed and comes back from the same address: same group.
+        assert_eq!(rendezvous(&external(0), me(0, 7)).unwrap(), tables[0]);
+        // From another port it is refused, with the reason.
+        let err = rendezvous(&external(2), me(2, 8)).unwrap_err();
+        assert!(err.to_string().contains("rejoins from"), "{err}");
     }
 
     #[test]

@@ -178,6 +178,9 @@ impl aggbox_config {
             port: self.port,
             datapath: datapath.into(),
             timeout: Duration::from_millis(self.timeout_ms.into()),
+            // The C struct has no field for it yet: AGGBOX_STORE through
+            // aggbox_comm_init_from_env chooses an external store.
+            store: aggbox_core::StoreHost::RankZero,
         };
         config.validate()?;
         Ok(config)
@@ -268,6 +271,7 @@ mod tests {
                 port: 47001,
                 datapath: Datapath::User,
                 timeout: Duration::from_millis(1500),
+                store: aggbox_core::StoreHost::RankZero,
             }
         );
     }
