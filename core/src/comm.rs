@@ -14,6 +14,7 @@ use std::{
 };
 
 use crate::{
+    agree::AgreeState,
     broadcast::BcastState,
     kv::KvState,
     reduce::ReduceState,
@@ -124,6 +125,8 @@ pub struct Comm {
     pub(crate) red: ReduceState,
     /// What key-value reduce keeps between calls (and its open operation).
     pub(crate) kv: KvState,
+    /// What agreement keeps between calls.
+    pub(crate) agree: AgreeState,
     /// Sequence number of the last barrier entered.
     pub(crate) barrier_seq: u32,
     /// Sequence number of the last barrier rank 0 completed (released).
@@ -196,6 +199,7 @@ impl Comm {
             bcast: BcastState::new(n, chunk),
             red: ReduceState::new(n),
             kv: KvState::new(n),
+            agree: AgreeState::default(),
             barrier_seq: 0,
             barrier_done: 0,
             barrier_aborted: None,
@@ -440,6 +444,7 @@ impl Comm {
             Kind::BcastData | Kind::BcastAck | Kind::BcastAbort => self.serve_stale_bcast(got),
             Kind::RedData => self.serve_stale_reduce(got),
             Kind::KvData | Kind::KvAck | Kind::KvFin | Kind::KvFinAck | Kind::KvAbort => self.serve_stale_kv(got),
+            Kind::AgreeValue => self.serve_stale_agree(got),
             _ => Ok(false),
         }
     }

@@ -10,7 +10,8 @@
 //! - [`netif`]: interface facts (index, IPv4, MAC);
 //! - [`rendezvous`]: how ranks find each other (env + TCP store);
 //! - [`transport`]: the UDP socket a communicator sends and receives on;
-//! - [`comm`]: the communicator and its collectives; [`broadcast`] holds
+//! - [`comm`]: the communicator and its collectives; [`agree`] holds
+//!   crash-recovery approximate agreement, [`broadcast`]
 //!   the broadcast protocol, [`reduce`] allreduce, reduce, reduce-scatter
 //!   and allgather, [`kv`] key-value reduce, [`op`] the reduction
 //!   operators, [`dtype`] the element types of buffers;
@@ -21,6 +22,7 @@
 
 #![warn(missing_docs)]
 
+pub mod agree;
 mod barrier;
 pub mod bpf;
 pub mod broadcast;

@@ -68,6 +68,22 @@ pub struct UserStats {
     /// Results this rank copied out of its kernel result window, where XDP
     /// placed them.
     pub reduce_results_from_kernel: u64,
+    /// Agreements decided (`agree`).
+    pub agreements: u64,
+    /// Agreement phases this rank computed from a quorum of values.
+    pub agree_phases: u64,
+    /// Agreement phases this rank reached by adopting a later phase's value.
+    pub agree_jumps: u64,
+    /// Agreement calls that resumed from a store (the rank had crashed).
+    pub agree_restarts: u64,
+    /// `AGREE_VALUE` datagrams of the running agreement that reached the
+    /// socket. On the kernel datapath XDP folds a phase's values and passes
+    /// up one notice instead, so there this counts values of other phases.
+    pub agree_values_received: u64,
+    /// Phase quorums XDP folded and announced with one notice.
+    pub agree_quorums_from_kernel: u64,
+    /// Values sent to ranks that lagged behind.
+    pub agree_answers_sent: u64,
     /// System calls the communicator made on its socket (sends, receives,
     /// polls): divided by the operations, the benchmarks' syscalls per
     /// operation.

@@ -166,6 +166,21 @@ pub struct aggbox_stats {
     pub reduce_results_received: u64,
     /// Results this rank copied out of its kernel result window.
     pub reduce_results_from_kernel: u64,
+    /// Agreements decided (`aggbox_agree`).
+    pub agreements: u64,
+    /// Agreement phases this rank computed from a quorum of values.
+    pub agree_phases: u64,
+    /// Agreement phases this rank reached by adopting a later phase's value.
+    pub agree_jumps: u64,
+    /// Agreement calls that resumed from a store (the rank had crashed).
+    pub agree_restarts: u64,
+    /// Values of the running agreement that reached the socket; on the
+    /// kernel datapath XDP folds a phase's values instead.
+    pub agree_values_received: u64,
+    /// Phase quorums XDP folded and announced with one notice.
+    pub agree_quorums_from_kernel: u64,
+    /// Values sent to ranks that lagged behind.
+    pub agree_answers_sent: u64,
 }
 
 /// The smallest `size` accepted: up to and including `datapath`.
@@ -200,6 +215,13 @@ impl aggbox_stats {
             reduce_quantized,
             reduce_results_received,
             reduce_results_from_kernel,
+            agreements,
+            agree_phases,
+            agree_jumps,
+            agree_restarts,
+            agree_values_received,
+            agree_quorums_from_kernel,
+            agree_answers_sent,
         } = stats.user;
         aggbox_stats {
             size,
@@ -228,6 +250,13 @@ impl aggbox_stats {
             reduce_quantized,
             reduce_results_received,
             reduce_results_from_kernel,
+            agreements,
+            agree_phases,
+            agree_jumps,
+            agree_restarts,
+            agree_values_received,
+            agree_quorums_from_kernel,
+            agree_answers_sent,
         }
     }
 
@@ -274,7 +303,14 @@ impl aggbox_stats {
             reduce_results_sent,
             reduce_quantized,
             reduce_results_received,
-            reduce_results_from_kernel
+            reduce_results_from_kernel,
+            agreements,
+            agree_phases,
+            agree_jumps,
+            agree_restarts,
+            agree_values_received,
+            agree_quorums_from_kernel,
+            agree_answers_sent
         );
     }
 }
