@@ -317,6 +317,57 @@ typedef struct aggbox_kv_result aggbox_kv_result;
 typedef struct aggbox_request aggbox_request;
 
 /**
+ * What an agreement is asked to do. Size-versioned: fill it in with
+ * `aggbox_agree_config_init`, which sets `size` and every default, then
+ * change the fields you need. Every rank passes the same `epsilon`, `f`,
+ * `lo` and `hi`.
+ */
+typedef struct aggbox_agree_config {
+  /**
+   * `sizeof(aggbox_agree_config)` as the program was compiled; set by
+   * `aggbox_agree_config_init`.
+   */
+  size_t size;
+  /**
+   * Every returned value lies within `epsilon` of every other; above 0.
+   * Default 1e-6.
+   */
+  double epsilon;
+  /**
+   * Ranks that may crash forever; the group's size must be at least
+   * `2 f + 1`. Default 0.
+   */
+  uint32_t f;
+  /**
+   * Milliseconds to wait for a phase's values before failing with
+   * `AGGBOX_ERR_PEER_FAILED`; 0 (the default) is the communicator's
+   * timeout.
+   */
+  uint32_t timeout_ms;
+  /**
+   * This rank's persistent store: a NUL-terminated path of a file (one
+   * per rank and agreement; its directory must exist). Read during the
+   * call only. Required.
+   */
+  const char *store_path;
+  /**
+   * Every rank's input lies in `[lo, hi]`; the number of phases follows
+   * from `(hi - lo) / epsilon`. Default: every finite double (about 1045
+   * phases at epsilon 1e-6), so pass the bounds you know.
+   */
+  double lo;
+  /**
+   * See `lo`.
+   */
+  double hi;
+  /**
+   * Milliseconds a rank that decided keeps answering ranks that lag
+   * behind, unless every rank told it it decided too. Default 1000.
+   */
+  uint32_t linger_ms;
+} aggbox_agree_config;
+
+/**
  * What a communicator needs to start. Size-versioned: fill it in with
  * `aggbox_config_init`, which sets `size` and every default, then change the
  * fields you need. Later versions of the library only append fields, and
@@ -588,6 +639,35 @@ typedef struct aggbox_stats {
    * Results this rank copied out of its kernel result window.
    */
   uint64_t reduce_results_from_kernel;
+  /**
+   * Agreements decided (`aggbox_agree`).
+   */
+  uint64_t agreements;
+  /**
+   * Agreement phases this rank computed from a quorum of values.
+   */
+  uint64_t agree_phases;
+  /**
+   * Agreement phases this rank reached by adopting a later phase's value.
+   */
+  uint64_t agree_jumps;
+  /**
+   * Agreement calls that resumed from a store (the rank had crashed).
+   */
+  uint64_t agree_restarts;
+  /**
+   * Values of the running agreement that reached the socket; on the
+   * kernel datapath XDP folds a phase's values instead.
+   */
+  uint64_t agree_values_received;
+  /**
+   * Phase quorums XDP folded and announced with one notice.
+   */
+  uint64_t agree_quorums_from_kernel;
+  /**
+   * Values sent to ranks that lagged behind.
+   */
+  uint64_t agree_answers_sent;
 } aggbox_stats;
 
 #ifdef __cplusplus
@@ -604,6 +684,44 @@ const char *aggbox_version(void);
  * The ABI version of the library, to compare with `AGGBOX_ABI_VERSION`.
  */
 uint32_t aggbox_abi_version(void);
+
+/**
+ * Fills `config` with the defaults and sets its `size`. Does nothing when
+ * `config` is NULL.
+ *
+ * # Safety
+ *
+ * `config` is NULL or valid for writing an `aggbox_agree_config`.
+ */
+void aggbox_agree_config_init(struct aggbox_agree_config *config);
+
+/**
+ * Approximate agreement (collective). Every rank passes its input in
+ * `*value`; when the call returns `AGGBOX_OK`, `*value` holds a value
+ * within the range of the inputs and within `config->epsilon` of the value
+ * every other rank gets. Up to `config->f` ranks may crash forever; every
+ * other rank may crash and be started again any number of times: started
+ * again with the same rank, address, port and store (and a communicator
+ * that rejoined its group through an external store, `AGGBOX_STORE`), it
+ * resumes from its store, and never sends, for a phase it took part in, a
+ * value other than the one it sent before. The store is written (write,
+ * fsync, rename) before any value of a new phase is sent.
+ *
+ * Fails, with nothing sent, with `AGGBOX_ERR_INVALID_ARGUMENT` when an
+ * argument is NULL, `config->size` is wrong, `epsilon` is not above 0, the
+ * group is smaller than `2 f + 1`, the input is NaN or outside `[lo, hi]`,
+ * or the store exists but is truncated, corrupted, or of another group,
+ * rank or configuration (never a silent fresh start). Fails with
+ * `AGGBOX_ERR_PEER_FAILED`, naming a rank it did not hear from, when a
+ * phase's `n - f` values do not arrive within the timeout.
+ *
+ * # Safety
+ *
+ * `comm` is NULL or a live communicator, `config` NULL or valid for
+ * reading `config->size` bytes (its `store_path` NULL or a NUL-terminated
+ * string), `value` NULL or valid for reading and writing a `double`.
+ */
+enum aggbox_status aggbox_agree(struct aggbox_comm *comm, const struct aggbox_agree_config *config, double *value);
 
 /**
  * Creates a communicator from `*config` and joins its group: rendezvous

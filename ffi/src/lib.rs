@@ -40,6 +40,7 @@ use std::{ffi::CStr, os::raw::c_char};
 
 // cbindgen writes the exports in this order: those of this file, then
 // each module's.
+pub mod agree;
 mod boundary;
 pub mod comm;
 pub mod config;
@@ -50,6 +51,7 @@ pub mod request;
 pub mod stats;
 pub mod types;
 
+pub use agree::*;
 pub use comm::*;
 pub use config::*;
 pub use error::*;

@@ -256,6 +256,13 @@ impl Comm {
         if result.is_ok() {
             self.user_stats.agreements += 1;
             self.agree.done = Some((seq, last, run.value, run.counter));
+            // Ranks that did not say they decided may be down for good (up
+            // to f may): closing the communicator does not wait for them.
+            for (rank, decided) in run.decided.iter().enumerate() {
+                if !decided {
+                    self.failed[rank] = true;
+                }
+            }
         }
         result.map(|()| run.value)
     }
