@@ -165,3 +165,126 @@ pub unsafe extern "C" fn aggbox_agree(
         Ok(())
     })
 }
+
+#[cfg(test)]
+mod tests {
+    use std::{ffi::CString, thread};
+
+    use super::*;
+    use crate::{aggbox_comm_destroy, aggbox_comm_init, aggbox_config, aggbox_config_init, aggbox_last_error};
+
+    fn last_error() -> String {
+        let mut buf = [0u8; 512];
+        unsafe { aggbox_last_error(buf.as_mut_ptr().cast(), buf.len()) };
+        CStr::from_bytes_until_nul(&buf).unwrap().to_str().unwrap().to_string()
+    }
+
+    fn comm(rank: usize, n: usize, port: u16) -> *mut aggbox_comm {
+        let mut config = aggbox_config { size: 0, ..Default::default() };
+        unsafe { aggbox_config_init(&mut config) };
+        config.rank = rank as i32;
+        config.world_size = n as i32;
+        config.master_port = port;
+        config.timeout_ms = 10_000;
+        let mut comm = ptr::null_mut();
+        assert_eq!(unsafe { aggbox_comm_init(&config, &mut comm) }, aggbox_status::AGGBOX_OK, "{}", last_error());
+        comm
+    }
+
+    fn store_dir(name: &str) -> PathBuf {
+        let dir = std::env::temp_dir().join(format!("aggbox-ffi-agree-{}-{name}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        dir
+    }
+
+    fn config(path: &CString, f: u32) -> aggbox_agree_config {
+        let mut config = aggbox_agree_config { size: 0, ..Default::default() };
+        unsafe { aggbox_agree_config_init(&mut config) };
+        config.store_path = path.as_ptr();
+        config.f = f;
+        config.lo = -10.0;
+        config.hi = 10.0;
+        config.epsilon = 1e-3;
+        config
+    }
+
+    #[test]
+    fn three_loopback_ranks_agree_and_a_damaged_store_is_refused() {
+        let dir = store_dir("three");
+        let inputs = [-10.0, 3.5, 10.0];
+        let handles: Vec<_> = (0..3)
+            .map(|rank| {
+                let path = CString::new(dir.join(format!("r{rank}")).display().to_string()).unwrap();
+                thread::spawn(move || {
+                    let comm = comm(rank, 3, 29_681);
+                    let config = config(&path, 1);
+                    let mut value = inputs[rank];
+                    assert_eq!(unsafe { aggbox_agree(comm, &config, &mut value) }, aggbox_status::AGGBOX_OK, "{}", last_error());
+                    unsafe { aggbox_comm_destroy(comm) };
+                    value
+                })
+            })
+            .collect();
+        let values: Vec<f64> = handles.into_iter().map(|h| h.join().unwrap()).collect();
+        for a in &values {
+            assert!((-10.0..=10.0).contains(a));
+            for b in &values {
+                assert!((a - b).abs() <= 1e-3, "{values:?}");
+            }
+        }
+        // The same stores on a new group of one rank: another group, refused.
+        let comm = comm(0, 1, 29_682);
+        let path = CString::new(dir.join("r0").display().to_string()).unwrap();
+        let mut value = 1.0;
+        let st = unsafe { aggbox_agree(comm, &config(&path, 0), &mut value) };
+        assert_eq!(st, aggbox_status::AGGBOX_ERR_INVALID_ARGUMENT);
+        assert!(last_error().contains("another group"), "{}", last_error());
+        // Truncated: refused, and the file is left as it was.
+        let bytes = std::fs::read(dir.join("r0")).unwrap();
+        std::fs::write(dir.join("r0"), &bytes[..17]).unwrap();
+        let st = unsafe { aggbox_agree(comm, &config(&path, 0), &mut value) };
+        assert_eq!(st, aggbox_status::AGGBOX_ERR_INVALID_ARGUMENT);
+        assert!(last_error().contains("holds 17 bytes"), "{}", last_error());
+        assert_eq!(std::fs::read(dir.join("r0")).unwrap().len(), 17);
+        assert_eq!(value, 1.0, "the value is left alone on failure");
+        unsafe { aggbox_comm_destroy(comm) };
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn bad_arguments_get_a_status_and_a_message() {
+        let dir = store_dir("bad");
+        let path = CString::new(dir.join("s").display().to_string()).unwrap();
+        let comm = comm(0, 1, 29_683);
+        let mut value = 0.5;
+        let cases: [(aggbox_agree_config, f64, &str); 5] = [
+            (aggbox_agree_config { epsilon: 0.0, ..config(&path, 0) }, 0.5, "epsilon"),
+            (aggbox_agree_config { epsilon: -1.0, ..config(&path, 0) }, 0.5, "epsilon"),
+            (config(&path, 1), 0.5, "2f + 1"),
+            (config(&path, 0), f64::NAN, "NaN"),
+            (aggbox_agree_config { store_path: ptr::null(), ..config(&path, 0) }, 0.5, "store_path is NULL"),
+        ];
+        for (config, input, what) in cases {
+            value = input;
+            let st = unsafe { aggbox_agree(comm, &config, &mut value) };
+            assert_eq!(st, aggbox_status::AGGBOX_ERR_INVALID_ARGUMENT, "{what}");
+            assert!(last_error().contains(what), "{what}: {}", last_error());
+        }
+        assert!(!dir.join("s").exists(), "nothing was stored for a refused call");
+        let good = config(&path, 0);
+        let st = unsafe { aggbox_agree(comm, &good, ptr::null_mut()) };
+        assert_eq!(st, aggbox_status::AGGBOX_ERR_INVALID_ARGUMENT);
+        assert!(last_error().contains("value is NULL"), "{}", last_error());
+        let st = unsafe { aggbox_agree(comm, ptr::null(), &mut value) };
+        assert_eq!(st, aggbox_status::AGGBOX_ERR_INVALID_ARGUMENT);
+        let st = unsafe { aggbox_agree(ptr::null_mut(), &good, &mut value) };
+        assert_eq!(st, aggbox_status::AGGBOX_ERR_INVALID_ARGUMENT);
+        // One rank agrees with itself: its input.
+        value = 0.25;
+        assert_eq!(unsafe { aggbox_agree(comm, &good, &mut value) }, aggbox_status::AGGBOX_OK, "{}", last_error());
+        assert_eq!(value, 0.25);
+        unsafe { aggbox_comm_destroy(comm) };
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+}

@@ -509,7 +509,7 @@ mod tests {
         let dir = store_dir("five");
         let inputs = [0.0, 1e6, 250_000.5, 999_999.0, 3.25];
         let d = dir.clone();
-        let got = crate::comm::testing::ranks(5, 29_671, 10_000, move |rank, comm| {
+        let got = crate::comm::testing::ranks(5, 29_677, 10_000, move |rank, comm| {
             let config = AgreeConfig { f: 2, lo: 0.0, hi: 1e6, store: d.join(format!("rank{rank}")), ..AgreeConfig::default() };
             let value = comm.agree(&config, inputs[rank]).unwrap();
             (value, comm.stats().unwrap().user)
