@@ -84,6 +84,17 @@ pub enum Bench {
         #[arg(long, default_value_t = 3)]
         rounds: usize,
     },
+    /// Approximate agreement on N hosts from inputs spread over [0, 1e6] to
+    /// epsilon 1e-6, kernel vs user datapath, without and with 10% loss:
+    /// time per agreement and wake-ups per phase per rank.
+    Agree {
+        /// Number of hosts (one rank each).
+        #[arg(long, default_value_t = 8)]
+        hosts: usize,
+        /// Timed agreements per datapath (after one untimed).
+        #[arg(long, default_value_t = 20)]
+        rounds: usize,
+    },
     /// Barrier latency on N hosts, kernel vs user datapath.
     Barrier {
         /// Number of hosts (one rank each).
@@ -119,6 +130,7 @@ pub fn run(bench: Bench) -> Result<(), String> {
         Bench::Broadcast { hosts, mtu, rounds, no_mpi } => broadcast(hosts, mtu, rounds, !no_mpi),
         Bench::Allreduce { hosts, mtu, rounds, no_mpi } => allreduce(hosts, mtu, rounds, !no_mpi),
         Bench::Kv { hosts, pairs, distinct, rounds } => kv(hosts, pairs, distinct, rounds),
+        Bench::Agree { hosts, rounds } => crate::agree_bench::agree(hosts, rounds),
         Bench::Barrier { hosts, barriers, faults } => {
             let faults = faults.map(|f| crate::parse_faults(&f)).transpose()?;
             barrier(hosts, barriers, faults)

@@ -1,5 +1,6 @@
 //! `aggbox`: doctor, virtual cluster, benchmarks and status.
 
+mod agree_bench;
 mod bench;
 
 use std::{net::Ipv4Addr, process::ExitCode, time::Instant};
@@ -71,6 +72,29 @@ enum Command {
         rounds: usize,
         /// Element counts.
         counts: Vec<usize>,
+    },
+    /// Run as one rank of `bench agree`: `rounds` timed agreements after
+    /// an untimed one, one line each.
+    #[command(hide = true)]
+    RankAgree {
+        /// Timed agreements.
+        #[arg(long, default_value_t = 20)]
+        rounds: usize,
+    },
+    /// Serve a rendezvous store that outlives the ranks (AGGBOX_STORE=external
+    /// on the ranks, MASTER_ADDR/MASTER_PORT pointing here): a rank that
+    /// crashed and is started again from the same address rejoins its group.
+    /// Runs until killed.
+    Store {
+        /// Ranks in the group.
+        #[arg(long)]
+        world_size: usize,
+        /// Address to listen on.
+        #[arg(long, default_value = "0.0.0.0")]
+        addr: Ipv4Addr,
+        /// Port to listen on.
+        #[arg(long, default_value_t = aggbox_core::config::DEFAULT_MASTER_PORT)]
+        port: u16,
     },
     /// Run as one rank of `bench kv`: its share of PAIRS Zipf pairs over
     /// DISTINCT keys, one untimed and `rounds` timed key-value reduces.
@@ -174,6 +198,15 @@ fn run(cli: Cli) -> Result<ExitCode, String> {
         Command::RankBcast { rounds, sizes } => bench::rank_bcast(rounds, &sizes).map(|()| ExitCode::SUCCESS),
         Command::RankAllreduce { rounds, counts } => bench::rank_allreduce(rounds, &counts).map(|()| ExitCode::SUCCESS),
         Command::RankKv { rounds, args } => bench::rank_kv(rounds, &args).map(|()| ExitCode::SUCCESS),
+        Command::RankAgree { rounds } => agree_bench::rank_agree(rounds).map(|()| ExitCode::SUCCESS),
+        Command::Store { world_size, addr, port } => {
+            let listener = std::net::TcpListener::bind((addr, port)).map_err(|e| format!("store: binding {addr}:{port}: {e}"))?;
+            let _store = aggbox_core::rendezvous::Store::serve(listener, world_size).map_err(|e| e.to_string())?;
+            println!("store for {world_size} ranks on {addr}:{port}");
+            loop {
+                std::thread::park();
+            }
+        }
     }
 }
 

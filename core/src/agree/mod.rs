@@ -35,6 +35,9 @@ use store::{fnv1a, Identity, Persisted, Store};
 /// How long a decided rank keeps answering, by default, for ranks that have
 /// not told it they decided too.
 pub const DEFAULT_LINGER: Duration = Duration::from_secs(1);
+/// First repeat of a phase's value to the ranks not heard from in it: a
+/// few phases' time on an idle cluster, so that only losses are repeated.
+const RESEND_FIRST: Duration = Duration::from_millis(4);
 /// Largest gap between repeats of a phase's value.
 const RESEND_MAX: Duration = Duration::from_millis(20);
 
@@ -271,7 +274,7 @@ impl Comm {
         let me = self.rank();
         let n = self.size();
         self.send_agree_all(run, false)?;
-        let mut backoff = Backoff::starting(Duration::from_millis(1), RESEND_MAX);
+        let mut backoff = Backoff::starting(RESEND_FIRST, RESEND_MAX);
         let mut deadline = Instant::now() + timeout;
         let mut linger_until: Option<Instant> = None;
         let mut seen = run.phase;
@@ -285,7 +288,7 @@ impl Comm {
             if run.phase != seen {
                 // Progress (a quorum, or a jump): the timers start again.
                 seen = run.phase;
-                backoff = Backoff::starting(Duration::from_millis(1), RESEND_MAX);
+                backoff = Backoff::starting(RESEND_FIRST, RESEND_MAX);
                 deadline = Instant::now() + timeout;
             }
             if run.phase == run.last {
