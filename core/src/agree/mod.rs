@@ -348,7 +348,9 @@ impl Comm {
             return Ok(());
         }
         self.user_stats.agree_values_received += 1;
-        let restarted = body.incarnation > run.incarnation[sender];
+        // Its counter went up since we last heard from it: it restarted and
+        // lost what it had received (docs/AGREEMENT.md, "The counter").
+        let restarted = run.incarnation[sender] != 0 && body.incarnation > run.incarnation[sender];
         run.incarnation[sender] = run.incarnation[sender].max(body.incarnation);
         if phase == run.last {
             run.decided[sender] = true;
