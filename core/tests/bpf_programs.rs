@@ -1095,3 +1095,32 @@ fn the_process_folds_passed_up_values_with_the_same_atomics() {
     windows.disarm_agree();
     assert_eq!(windows.fold_agree(21, 4, 1, 0.0), AgreeFolded::NotArmed);
 }
+
+/// Five senders' values run on both CPUs at once, each many times over:
+/// whatever the races (a value that loses too many compare-and-swaps is
+/// left to the process, and its next repeat is folded), the fold ends exact
+/// and the notice went up once.
+#[test]
+fn concurrent_folds_end_exact_with_one_notice() {
+    const REPEAT: u32 = 3000;
+    let (h, windows) = agree_harness();
+    arm(&windows, 31, 0, AGREE_RANKS as u32, 0.5);
+    let values: Vec<f64> = vec![0.5, -7.0, 1e10, -0.0, 3.25, -1e-300];
+    let frames: Vec<Vec<u8>> = (1..AGREE_RANKS).map(|s| agree_from(s, 31, 0, values[s])).collect();
+    let fd = h.prog_fd(Prog::XdpIngress).unwrap();
+    std::thread::scope(|scope| {
+        for frame in &frames {
+            scope.spawn(move || aggbox_core::testrun::test_run_timed(fd, frame, REPEAT).unwrap());
+        }
+    });
+    let fold = windows.agree_fold();
+    let (min, max) = plain_min_max(&values);
+    assert_eq!((fold.count, fold.senders[0], fold.notified), (AGREE_RANKS as u32, 0b11_1111, true));
+    assert_eq!((fold.min.to_bits(), fold.max.to_bits()), (min.to_bits(), max.to_bits()));
+    let s = |name| astat(&h, name);
+    assert_eq!((s("folded"), s("quorums")), (4, 1), "{:?}", astats(&h));
+    // Every run is accounted for. (A test run repeats on the frame as the
+    // program left it: after the notice, that sender's frame is a QUORUM.)
+    let total = (frames.len() as u32 * REPEAT) as u64;
+    assert_eq!(s("folded") + s("quorums") + s("duplicates") + s("contended") + s("forged"), total, "{:?}", astats(&h));
+}
