@@ -384,6 +384,75 @@ static __always_inline void aggbox_rcount(enum aggbox_rstat stat)
 	aggbox_percpu_inc(&ab_rstats, stat);
 }
 
+/*
+ * Approximate agreement (docs/AGREEMENT.md; the XDP fold is aggbox_agree.h).
+ * One block per communicator control slot, indexed by pkt.ctl like ab_ctl,
+ * mapped by the process (BPF_F_MMAPABLE). The process arms one phase of
+ * one agreement at a time; XDP folds that phase's values (count, min and
+ * max as ordered integer keys of the doubles) and answers ranks that lag
+ * with the value this rank sent for `ans_phase`.
+ */
+#define AGGBOX_AGREE_NO_PHASE 0xffffffffu
+/* Compare-and-swap attempts on min_key / max_key before a value is left to
+ * the process (each failure is another CPU's successful write). */
+#define AGGBOX_AGREE_TRIES 8
+
+struct aggbox_agreectl {
+	__u32 seq; /* armed agreement; 0: none, XDP passes every AGREE_VALUE up */
+	__u32 phase; /* phase being folded; AGGBOX_AGREE_NO_PHASE while the process re-arms */
+	__u32 last; /* the agreement's last phase */
+	__u32 quorum; /* values that complete a phase (n - f), own included */
+	__u32 count; /* distinct senders folded into `phase`, own included */
+	__u32 notified; /* 0 -> 1 (CAS) when the quorum notice went up */
+	__u32 inflight; /* XDP programs between their look at `phase` and the end of their fold */
+	__u32 rank; /* this communicator's rank: the sender of answers */
+	__u64 senders[AGGBOX_MAX_RANKS / 64]; /* who was folded into `phase` */
+	__u64 min_key; /* ordered key of the smallest value folded */
+	__u64 max_key; /* ordered key of the largest */
+	__u32 ans_gen; /* odd while the process writes ans_*; XDP answers only on an even gen unchanged across its read */
+	__u32 ans_phase;
+	__u64 ans_value; /* f64 bits this rank sent for ans_phase */
+	__u32 ans_incarnation;
+	__u32 reserved;
+};
+
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(map_flags, BPF_F_MMAPABLE);
+	__uint(max_entries, AGGBOX_CTL_SLOTS);
+	__type(key, __u32);
+	__type(value, struct aggbox_agreectl);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} ab_agree SEC(".maps");
+
+/* Agreement counters of the host: ab_astats[stat], per CPU. */
+enum aggbox_astat {
+	AGGBOX_ASTAT_FOLDED = 0, /* values of the armed phase folded by XDP and dropped */
+	AGGBOX_ASTAT_QUORUMS = 1, /* quorum notices passed up (one per phase) */
+	AGGBOX_ASTAT_DUPLICATES = 2, /* values of a sender already folded into the phase, dropped */
+	AGGBOX_ASTAT_AHEAD = 3, /* values of a later phase, passed up (the process jumps ahead) */
+	AGGBOX_ASTAT_ANSWERED = 4, /* values of an earlier phase answered with XDP_TX */
+	AGGBOX_ASTAT_STALE = 5, /* answers of an earlier phase, dropped */
+	AGGBOX_ASTAT_CONTENDED = 6, /* values that lost too many min/max races, left to the process */
+	AGGBOX_ASTAT_MALFORMED = 7, /* AGREE_VALUE shorter than header + body, dropped */
+	AGGBOX_ASTAT_FORGED = 8, /* AGREE_QUORUM from the wire (only XDP makes them), dropped */
+	AGGBOX_ASTAT_PASSED = 9, /* AGREE_VALUE passed up unchanged: not armed, re-arming, other agreement, no answer to give */
+	AGGBOX_ASTAT_MAX = 10,
+};
+
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__uint(max_entries, AGGBOX_ASTAT_MAX);
+	__type(key, __u32);
+	__type(value, __u64);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} ab_astats SEC(".maps");
+
+static __always_inline void aggbox_acount(enum aggbox_astat stat)
+{
+	aggbox_percpu_inc(&ab_astats, stat);
+}
+
 static __always_inline void aggbox_count(enum aggbox_prog prog, enum aggbox_stat stat)
 {
 	aggbox_percpu_inc(&ab_stats, (__u32)prog * AGGBOX_STAT_MAX + (__u32)stat);

@@ -6,7 +6,9 @@
  * at the root (aggbox_bcast.h), folds reduction contributions at a chunk's
  * owner and places results at the members (aggbox_reduce.h, with its
  * tail-called fold stage below), folds key-value pairs into an owner's
- * kernel table (aggbox_kv.h, likewise), and passes everything else up.
+ * kernel table (aggbox_kv.h, likewise), folds the values of an approximate
+ * agreement's phase and answers ranks that lag (aggbox_agree.h), and passes
+ * everything else up.
  */
 /* Folding ACKs needs atomic fetch-and-or: build.rs compiles this for BPF v3. */
 #define AGGBOX_NEEDS_ATOMICS 1
@@ -18,6 +20,7 @@
 #endif
 #include "aggbox_reduce.h"
 #include "aggbox_kv.h"
+#include "aggbox_agree.h"
 
 SEC("xdp")
 int aggbox_xdp_ingress(struct xdp_md *ctx)
@@ -30,8 +33,14 @@ int aggbox_xdp_ingress(struct xdp_md *ctx)
 	case AGGBOX_INVALID:
 		return XDP_DROP;
 	case AGGBOX_VALID:
+		if (pkt.hdr->kind == AGGBOX_KIND_AGREE_QUORUM) {
+			aggbox_acount(AGGBOX_ASTAT_FORGED); /* only this program makes them */
+			return XDP_DROP;
+		}
 		if (pkt.ctl >= AGGBOX_CTL_SLOTS)
 			return XDP_PASS;
+		if (pkt.hdr->kind == AGGBOX_KIND_AGREE_VALUE)
+			return aggbox_xdp_agree_value(ctx, &pkt);
 		if (pkt.hdr->kind == AGGBOX_KIND_BCAST_DATA)
 			return aggbox_xdp_bcast_data(ctx, &pkt, pkt.ctl);
 		if (pkt.hdr->kind == AGGBOX_KIND_BCAST_ACK)

@@ -45,7 +45,7 @@ use aya::{
 use crate::{
     bpf,
     maps::{
-        names, GroupValue, MemberKey, MemberValue, PortKey, PortValue, Prog, UserKey, UserValue, BSTAT_NAMES,
+        names, GroupValue, MemberKey, MemberValue, PortKey, PortValue, Prog, UserKey, UserValue, ASTAT_NAMES, BSTAT_NAMES,
         CTL_SLOTS, NO_CTL, RSTAT_NAMES, STAT_MAX,
     },
     netif::Interface,
@@ -257,6 +257,8 @@ pub(crate) struct SharedMaps {
     txwin: MapData,
     redwin: MapData,
     redres: MapData,
+    agree: MapData,
+    astats: PerCpuArray<MapData, u64>,
 }
 
 fn open_pinned_data(dir: &Path, name: &str) -> Result<MapData> {
@@ -291,6 +293,8 @@ impl SharedMaps {
             txwin: open_pinned_data(dir, names::TXWIN)?,
             redwin: open_pinned_data(dir, names::REDWIN)?,
             redres: open_pinned_data(dir, names::REDRES)?,
+            agree: open_pinned_data(dir, names::AGREE)?,
+            astats: PerCpuArray::try_from(typed(names::ASTATS)?).map_err(wrong(names::ASTATS))?,
         })
     }
 
@@ -364,7 +368,18 @@ impl SharedMaps {
             self.txwin.fd().as_fd(),
             self.redwin.fd().as_fd(),
             self.redres.fd().as_fd(),
+            self.agree.fd().as_fd(),
         )
+    }
+
+    /// The agreement counters, indexed like [`ASTAT_NAMES`].
+    pub(crate) fn agree_stats(&self) -> Result<[u64; ASTAT_NAMES.len()]> {
+        let mut out = [0u64; ASTAT_NAMES.len()];
+        for (i, value) in out.iter_mut().enumerate() {
+            let values = self.astats.get(&(i as u32), 0).map_err(map_error("reading ab_astats"))?;
+            *value = values.iter().sum();
+        }
+        Ok(out)
     }
 
     /// The reduction counters, indexed like [`RSTAT_NAMES`].
@@ -713,6 +728,12 @@ impl Attachment {
     /// like [`RSTAT_NAMES`].
     pub fn reduce_stats(&self) -> Result<[u64; RSTAT_NAMES.len()]> {
         self.maps.reduce_stats()
+    }
+
+    /// The approximate-agreement counters of the programs on this
+    /// interface (totals over its CPUs), indexed like [`ASTAT_NAMES`].
+    pub fn agree_stats(&self) -> Result<[u64; ASTAT_NAMES.len()]> {
+        self.maps.agree_stats()
     }
 
     /// The memory of the maps pinned for this attachment (every shared map

@@ -41,10 +41,14 @@ pub mod names {
     pub const KVSTATS: &str = "ab_kvstats";
     /// Key-value reduce's fold stage, for tail calls.
     pub const KVPROGS: &str = "ab_kvprogs";
+    /// Approximate agreement: each communicator's phase fold (mmapable).
+    pub const AGREE: &str = "ab_agree";
+    /// Per-CPU agreement counters.
+    pub const ASTATS: &str = "ab_astats";
     /// Every pinned map.
-    pub const ALL: [&str; 19] = [
+    pub const ALL: [&str; 21] = [
         PORTS, GROUPS, MEMBERS, USERS, STATS, BSTATS, CTL, RXWIN, TXWIN, REDWIN, RSTATS, REDPROGS, REDRES, KVTABS,
-        KVCTL, KVWIN, KVCOUNT, KVSTATS, KVPROGS,
+        KVCTL, KVWIN, KVCOUNT, KVSTATS, KVPROGS, AGREE, ASTATS,
     ];
 }
 
@@ -209,7 +213,7 @@ pub const RED_AHEAD: u32 = u32::MAX;
 /// Bytes the kernel windows of one host take (every mmapable map, sized
 /// at build time for [`CTL_SLOTS`] communicators): broadcast control
 /// blocks, receive and send windows, and reduction slots.
-pub fn window_memory() -> [(&'static str, usize); 5] {
+pub fn window_memory() -> [(&'static str, usize); 6] {
     let elem = |size: usize| size.div_ceil(8) * 8;
     let ctl = CTL_SLOTS as usize;
     [
@@ -218,8 +222,57 @@ pub fn window_memory() -> [(&'static str, usize); 5] {
         ("broadcast send windows", ctl * TX_SLOTS as usize * elem(size_of::<TxSlot>())),
         ("reduction slots", ctl * (RED_PHASES * RED_SLOTS) as usize * elem(size_of::<RedSlot>())),
         ("reduction result windows", ctl * RES_SLOTS as usize * elem(size_of::<RxSlot>())),
+        ("agreement folds", ctl * elem(size_of::<AgreeCtl>())),
     ]
 }
+
+/// `AGGBOX_AGREE_NO_PHASE`: `AgreeCtl::phase` while the process re-arms.
+pub const AGREE_NO_PHASE: u32 = u32::MAX;
+/// `AGGBOX_AGREE_TRIES`: compare-and-swap attempts XDP makes on a key.
+pub const AGREE_TRIES: u32 = 8;
+
+/// `struct aggbox_agreectl`: one communicator's approximate-agreement
+/// phase fold (`ab_agree[ctl]`, mapped by [`crate::window::Windows`]).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[repr(C)]
+pub struct AgreeCtl {
+    /// The armed agreement (0: none; XDP passes every `AGREE_VALUE` up).
+    pub seq: u32,
+    /// The phase being folded; [`AGREE_NO_PHASE`] while the process re-arms.
+    pub phase: u32,
+    /// The agreement's last phase.
+    pub last: u32,
+    /// Values that complete a phase (n - f), own included.
+    pub quorum: u32,
+    /// Distinct senders folded into `phase`, own included.
+    pub count: u32,
+    /// 0 -> 1 (CAS) when the quorum notice went up.
+    pub notified: u32,
+    /// XDP programs between their look at `phase` and the end of their fold.
+    pub inflight: u32,
+    /// This communicator's rank: the sender of answers.
+    pub rank: u32,
+    /// Who was folded into `phase`, one bit per rank.
+    pub senders: [u64; crate::wire::MAX_RANKS / 64],
+    /// Ordered key ([`crate::window::agree_key`]) of the smallest value folded.
+    pub min_key: u64,
+    /// Ordered key of the largest.
+    pub max_key: u64,
+    /// Odd while the process writes `ans_*`.
+    pub ans_gen: u32,
+    /// The phase whose value XDP answers laggers with.
+    pub ans_phase: u32,
+    /// The f64 bits this rank sent for `ans_phase`.
+    pub ans_value: u64,
+    /// Its incarnation.
+    pub ans_incarnation: u32,
+    /// Zero.
+    pub reserved: u32,
+}
+
+/// Agreement counters (`enum aggbox_astat`, `ab_astats`), in index order.
+pub const ASTAT_NAMES: [&str; 10] =
+    ["folded", "quorums", "duplicates", "ahead", "answered", "stale", "contended", "malformed", "forged", "passed"];
 
 /// Names of the reduction counters (`enum aggbox_rstat`), in index order.
 pub const RSTAT_NAMES: [&str; 12] = [
@@ -378,6 +431,7 @@ pub struct UserValue {
 unsafe impl aya::Pod for PortKey {}
 unsafe impl aya::Pod for PortValue {}
 unsafe impl aya::Pod for Ctl {}
+unsafe impl aya::Pod for AgreeCtl {}
 unsafe impl aya::Pod for GroupValue {}
 unsafe impl aya::Pod for MemberKey {}
 unsafe impl aya::Pod for MemberValue {}
@@ -609,6 +663,78 @@ mod tests {
             RED_AHEAD as u64,
         ];
         assert_eq!(rust, c_values("aggbox_reduce.h", &exprs));
+    }
+
+    #[test]
+    fn agreement_values_match_the_c_definitions() {
+        let exprs: Vec<String> = [
+            "sizeof(struct aggbox_agreectl)",
+            "offsetof(struct aggbox_agreectl, phase)",
+            "offsetof(struct aggbox_agreectl, last)",
+            "offsetof(struct aggbox_agreectl, quorum)",
+            "offsetof(struct aggbox_agreectl, count)",
+            "offsetof(struct aggbox_agreectl, notified)",
+            "offsetof(struct aggbox_agreectl, inflight)",
+            "offsetof(struct aggbox_agreectl, rank)",
+            "offsetof(struct aggbox_agreectl, senders)",
+            "offsetof(struct aggbox_agreectl, min_key)",
+            "offsetof(struct aggbox_agreectl, max_key)",
+            "offsetof(struct aggbox_agreectl, ans_gen)",
+            "offsetof(struct aggbox_agreectl, ans_phase)",
+            "offsetof(struct aggbox_agreectl, ans_value)",
+            "offsetof(struct aggbox_agreectl, ans_incarnation)",
+            "offsetof(struct aggbox_agreectl, reserved)",
+            "AGGBOX_AGREE_NO_PHASE",
+            "AGGBOX_AGREE_TRIES",
+            "AGGBOX_ASTAT_MAX",
+            "AGGBOX_ASTAT_FOLDED",
+            "AGGBOX_ASTAT_QUORUMS",
+            "AGGBOX_ASTAT_DUPLICATES",
+            "AGGBOX_ASTAT_AHEAD",
+            "AGGBOX_ASTAT_ANSWERED",
+            "AGGBOX_ASTAT_STALE",
+            "AGGBOX_ASTAT_CONTENDED",
+            "AGGBOX_ASTAT_MALFORMED",
+            "AGGBOX_ASTAT_FORGED",
+            "AGGBOX_ASTAT_PASSED",
+        ]
+        .map(String::from)
+        .to_vec();
+        let stat = |name: &str| ASTAT_NAMES.iter().position(|n| *n == name).unwrap() as u64;
+        let rust = vec![
+            size_of::<AgreeCtl>() as u64,
+            offset_of!(AgreeCtl, phase) as u64,
+            offset_of!(AgreeCtl, last) as u64,
+            offset_of!(AgreeCtl, quorum) as u64,
+            offset_of!(AgreeCtl, count) as u64,
+            offset_of!(AgreeCtl, notified) as u64,
+            offset_of!(AgreeCtl, inflight) as u64,
+            offset_of!(AgreeCtl, rank) as u64,
+            offset_of!(AgreeCtl, senders) as u64,
+            offset_of!(AgreeCtl, min_key) as u64,
+            offset_of!(AgreeCtl, max_key) as u64,
+            offset_of!(AgreeCtl, ans_gen) as u64,
+            offset_of!(AgreeCtl, ans_phase) as u64,
+            offset_of!(AgreeCtl, ans_value) as u64,
+            offset_of!(AgreeCtl, ans_incarnation) as u64,
+            offset_of!(AgreeCtl, reserved) as u64,
+            AGREE_NO_PHASE as u64,
+            AGREE_TRIES as u64,
+            ASTAT_NAMES.len() as u64,
+            stat("folded"),
+            stat("quorums"),
+            stat("duplicates"),
+            stat("ahead"),
+            stat("answered"),
+            stat("stale"),
+            stat("contended"),
+            stat("malformed"),
+            stat("forged"),
+            stat("passed"),
+        ];
+        // Through aggbox_agree.h (which includes the maps header): each
+        // test's layout program has a directory named for its header.
+        assert_eq!(rust, c_values("aggbox_agree.h", &exprs));
     }
 
     #[test]

@@ -179,6 +179,11 @@ impl Harness {
         self.maps.reduce_stats()
     }
 
+    /// The agreement counters, indexed like [`crate::maps::ASTAT_NAMES`].
+    pub fn agree_stats(&self) -> Result<[u64; crate::maps::ASTAT_NAMES.len()]> {
+        self.maps.agree_stats()
+    }
+
     /// The broadcast counters, indexed like [`crate::maps::BSTAT_NAMES`].
     pub fn broadcast_stats(&self) -> Result<[u64; crate::maps::BSTAT_NAMES.len()]> {
         self.maps.broadcast_stats()

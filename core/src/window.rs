@@ -1,7 +1,8 @@
 //! The kernel windows, mapped into the process: the control block of a
 //! communicator (`ab_ctl`), its broadcast receive window (`ab_rxwin`) and
-//! send window (`ab_txwin`), its reduction slots (`ab_redwin`) and its
-//! reduction result window (`ab_redres`). The XDP program writes chunks and counts into them,
+//! send window (`ab_txwin`), its reduction slots (`ab_redwin`), its
+//! reduction result window (`ab_redres`) and its approximate-agreement
+//! phase fold (`ab_agree`). The XDP program writes chunks and counts into them,
 //! the process reads them (and arms operations) with plain memory accesses:
 //! no system call per operation or per chunk. Fields both sides write are
 //! accessed atomically.
@@ -14,7 +15,7 @@ use std::{
 
 use crate::{
     maps::{
-        Ctl, RedCtl, RedSlot, RxCtl, RxSlot, TxSlot, CALL_KNOWN, CLAIM_OPEN, CLAIM_SET, CTL_SLOTS, FOLD_MAX_S, FOLD_MAX_U,
+        AgreeCtl, Ctl, RedCtl, AGREE_NO_PHASE, RedSlot, RxCtl, RxSlot, TxSlot, CALL_KNOWN, CLAIM_OPEN, CLAIM_SET, CTL_SLOTS, FOLD_MAX_S, FOLD_MAX_U,
         FOLD_MIN_S, FOLD_MIN_U, RED_AHEAD, RED_PHASES, RED_SLOTS, RES_SLOTS, RX_PHASES, RX_SLOTS, RX_WINDOW, TX_SLOTS,
     },
     Error, Result,
@@ -123,10 +124,13 @@ pub struct Windows {
     tx: Mapping,
     red: Mapping,
     res: Mapping,
+    agree: Mapping,
 }
 
 impl Windows {
-    /// Maps the windows of control block `index` from the three maps' fds.
+    /// Maps the windows of control block `index` from the maps' fds
+    /// (`ab_ctl`, `ab_rxwin`, `ab_txwin`, `ab_redwin`, `ab_redres`,
+    /// `ab_agree`).
     pub fn map(
         index: u32,
         ctl: BorrowedFd<'_>,
@@ -134,6 +138,7 @@ impl Windows {
         tx: BorrowedFd<'_>,
         red: BorrowedFd<'_>,
         res: BorrowedFd<'_>,
+        agree: BorrowedFd<'_>,
     ) -> Result<Windows> {
         if index >= CTL_SLOTS {
             return Err(Error::Internal(format!("control block {index} out of range")));
@@ -149,6 +154,7 @@ impl Windows {
                 "ab_redwin",
             )?,
             res: Mapping::new(res, (CTL_SLOTS * RES_SLOTS) as usize * elem(size_of::<RxSlot>()), "ab_redres")?,
+            agree: Mapping::new(agree, CTL_SLOTS as usize * elem(size_of::<AgreeCtl>()), "ab_agree")?,
         };
         Ok(windows)
     }
@@ -770,7 +776,346 @@ impl Windows {
                 }
 
             }
+            self.agree_ctl().write(AgreeCtl { phase: AGREE_NO_PHASE, ..AgreeCtl::default() });
         }
         std::sync::atomic::fence(std::sync::atomic::Ordering::SeqCst);
+    }
+}
+
+// ---- Approximate agreement (ebpf/aggbox_agree.h) ---------------------------
+
+/// The ordered key of the f64 with bits `bits`: unsigned order of keys is
+/// the order of the doubles (negative ones have their bits inverted, the
+/// others their sign bit set; −0 orders below +0). The same integer
+/// transform as XDP's `aggbox_agree_key`, and as [`crate::quant::to_ordered`]
+/// for F64 MIN/MAX on every non-NaN value (NaN is not an agreement input;
+/// here it is just bits: above +∞ with its sign clear, below −∞ with it set).
+pub fn agree_key(bits: u64) -> u64 {
+    if bits >> 63 != 0 {
+        !bits
+    } else {
+        bits | (1 << 63)
+    }
+}
+
+/// The f64 bits of ordered key `key` (the inverse of [`agree_key`]).
+pub fn agree_unkey(key: u64) -> u64 {
+    if key >> 63 != 0 {
+        key & !(1 << 63)
+    } else {
+        !key
+    }
+}
+
+/// What a rank arms its agreement window with for one phase.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct AgreeArm {
+    /// The agreement (nonzero).
+    pub seq: u32,
+    /// The phase XDP folds from now on.
+    pub phase: u32,
+    /// The agreement's last phase.
+    pub last: u32,
+    /// Values that complete the phase (n − f), this rank's own included;
+    /// `u32::MAX` with `phase == last`: decided (fold, never notify).
+    pub quorum: u32,
+    /// This communicator's rank: the sender of answers.
+    pub rank: u32,
+    /// This rank's value of `phase` (the fold starts from it; XDP answers
+    /// ranks that lag with it).
+    pub value: f64,
+    /// This rank's incarnation (its store's counter), sent in answers.
+    pub incarnation: u32,
+}
+
+/// The fold of the armed phase, as the window holds it.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct AgreeFold {
+    /// The armed agreement (0: none).
+    pub seq: u32,
+    /// The armed phase ([`AGREE_NO_PHASE`] while re-arming).
+    pub phase: u32,
+    /// Distinct senders folded, own included.
+    pub count: u32,
+    /// The quorum armed.
+    pub quorum: u32,
+    /// Whether the quorum notice went up (or the process's fold took it).
+    pub notified: bool,
+    /// Who was folded, one bit per rank.
+    pub senders: [u64; 4],
+    /// The smallest value folded.
+    pub min: f64,
+    /// The largest.
+    pub max: f64,
+}
+
+/// What the process's own fold of a passed-up value did.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum AgreeFolded {
+    /// The window is not armed for that agreement and phase (or is being
+    /// re-armed): nothing folded.
+    NotArmed,
+    /// That sender was folded into the phase already.
+    Duplicate,
+    /// Folded; the quorum is not reached (or its notice is someone else's).
+    Folded,
+    /// This fold took the count to the quorum and won the notice.
+    Quorum,
+}
+
+/*
+ * The handshake with XDP, on x86-TSO (stores are seen in program order,
+ * loads are not reordered with loads, and a locked instruction, which is
+ * what SeqCst stores and every read-modify-write compile to, is a full
+ * barrier; the BPF JIT keeps XDP's program order, and its __sync_* are
+ * locked instructions too):
+ *
+ * - Re-arming. The process stores phase = NO_PHASE (SeqCst: xchg), then
+ *   reads inflight until it is 0. XDP adds 1 to inflight (lock xadd), then
+ *   reads phase. Each side's write is followed by a full barrier before its
+ *   read, so (as in Dekker's algorithm) at least one of them sees the
+ *   other's write: either XDP reads NO_PHASE and leaves the block alone
+ *   (only undoing its add), or the process sees XDP's add and waits until
+ *   its fold ends. Once inflight is 0 with NO_PHASE stored, no CPU touches
+ *   the fold fields; the process rewrites them, then stores the new phase
+ *   (SeqCst). An XDP that reads that phase reads, after it (loads in order),
+ *   the seq/last/quorum/rank and fold written before it (stores in order).
+ * - Answers. ans_* are written under the ans_gen seqlock: gen made odd
+ *   (lock xadd), the fields stored, gen made even (lock xadd); XDP reads
+ *   gen, the fields, gen again, and answers only when both reads are the
+ *   same even number. (While arming, phase is NO_PHASE and XDP does not
+ *   answer at all; the seqlock keeps the answer consistent on its own.)
+ * - Folding. Both sides fold with the same atomics on the same words:
+ *   min/max by compare-and-swap (fetch_min/fetch_max here), the sender bit
+ *   by fetch-or (the one that set it owns that sender), the count by
+ *   fetch-add, the notice by a CAS on notified. Min/max come before the
+ *   bit: whoever sees the bit set knows the value is in min/max already, or
+ *   being folded by the one that set it (a value is folded at most by the
+ *   sides that saw it, and re-folding the same value is harmless).
+ */
+impl Windows {
+    /// This communicator's agreement block.
+    fn agree_ctl(&self) -> *mut AgreeCtl {
+        // SAFETY: index < CTL_SLOTS, inside the mapping.
+        unsafe { self.agree.ptr.add(self.index as usize * elem(size_of::<AgreeCtl>())).cast() }
+    }
+
+    /// A u32 field of the agreement block (`offset` from `offset_of!(AgreeCtl, …)`).
+    fn agree_u32(&self, offset: usize) -> &AtomicU32 {
+        assert!(offset + 4 <= size_of::<AgreeCtl>() && offset.is_multiple_of(4));
+        // SAFETY: an aligned u32 inside this communicator's block.
+        unsafe { &*(self.agree_ctl().cast::<u8>().add(offset).cast::<AtomicU32>()) }
+    }
+
+    /// A u64 field of the agreement block.
+    fn agree_u64(&self, offset: usize) -> &AtomicU64 {
+        assert!(offset + 8 <= size_of::<AgreeCtl>() && offset.is_multiple_of(8));
+        // SAFETY: an aligned u64 inside this communicator's block (the
+        // mapping is page-aligned and the element size a multiple of 8).
+        unsafe { &*(self.agree_ctl().cast::<u8>().add(offset).cast::<AtomicU64>()) }
+    }
+
+    /// Word `word` of the senders bitmap.
+    fn agree_senders(&self, word: usize) -> &AtomicU64 {
+        self.agree_u64(std::mem::offset_of!(AgreeCtl, senders) + (word % 4) * 8)
+    }
+
+    /// Stops XDP looking at the fold (phase = NO_PHASE) and waits until no
+    /// CPU is between its look at the phase and the end of its fold.
+    fn quiesce_agree(&self) {
+        use std::sync::atomic::Ordering::SeqCst;
+        self.agree_u32(std::mem::offset_of!(AgreeCtl, phase)).store(AGREE_NO_PHASE, SeqCst);
+        let inflight = self.agree_u32(std::mem::offset_of!(AgreeCtl, inflight));
+        while inflight.load(SeqCst) != 0 {
+            std::hint::spin_loop(); // a fold takes well under a microsecond
+        }
+    }
+
+    /// Arms phase `arm.phase`: store phase = NO_PHASE (SeqCst), spin until
+    /// inflight == 0, write seq/last/quorum/rank, senders = own bit only,
+    /// count = 1, min_key = max_key = key(own value), notified = 0; then
+    /// ans_gen++ (odd), ans_phase/value/incarnation, ans_gen++ (even); then
+    /// store phase = arm.phase (SeqCst). The same call with phase == last
+    /// and quorum == u32::MAX is the "decided" state: XDP keeps folding
+    /// (recording who sent final values, no notice) and answers laggers with
+    /// the final value.
+    pub fn arm_agree(&self, arm: &AgreeArm) {
+        use std::mem::offset_of;
+        use std::sync::atomic::Ordering::{Release, SeqCst};
+        self.quiesce_agree();
+        let u32f = |offset| self.agree_u32(offset);
+        u32f(offset_of!(AgreeCtl, seq)).store(arm.seq, Release);
+        u32f(offset_of!(AgreeCtl, last)).store(arm.last, Release);
+        u32f(offset_of!(AgreeCtl, quorum)).store(arm.quorum, Release);
+        u32f(offset_of!(AgreeCtl, rank)).store(arm.rank, Release);
+        let own = arm.rank as usize % crate::wire::MAX_RANKS;
+        for word in 0..crate::wire::MAX_RANKS / 64 {
+            let bits = if word == own / 64 { 1u64 << (own % 64) } else { 0 };
+            self.agree_senders(word).store(bits, Release);
+        }
+        u32f(offset_of!(AgreeCtl, count)).store(1, Release);
+        let key = agree_key(arm.value.to_bits());
+        self.agree_u64(offset_of!(AgreeCtl, min_key)).store(key, Release);
+        self.agree_u64(offset_of!(AgreeCtl, max_key)).store(key, Release);
+        u32f(offset_of!(AgreeCtl, notified)).store(0, Release);
+        // The answer, under its seqlock.
+        let gen = u32f(offset_of!(AgreeCtl, ans_gen));
+        if gen.load(SeqCst) & 1 != 0 {
+            gen.fetch_add(1, SeqCst); // left odd by an earlier user: even it first
+        }
+        gen.fetch_add(1, SeqCst);
+        u32f(offset_of!(AgreeCtl, ans_phase)).store(arm.phase, Release);
+        self.agree_u64(offset_of!(AgreeCtl, ans_value)).store(arm.value.to_bits(), Release);
+        u32f(offset_of!(AgreeCtl, ans_incarnation)).store(arm.incarnation, Release);
+        gen.fetch_add(1, SeqCst);
+        u32f(offset_of!(AgreeCtl, phase)).store(arm.phase, SeqCst);
+    }
+
+    /// The process folds a value XDP passed up (contended, or arrived
+    /// before this phase was armed), with the same atomics on the mapped
+    /// block: min/max first (fetch_min/fetch_max on the keys), then the
+    /// sender bit, then count; returns Quorum when this fold took count to
+    /// quorum AND won the notified CAS.
+    pub fn fold_agree(&self, seq: u32, phase: u32, sender: usize, value: f64) -> AgreeFolded {
+        use std::mem::offset_of;
+        use std::sync::atomic::Ordering::{AcqRel, Acquire};
+        // Only the process changes seq and phase, so they hold still here
+        // (arm and fold from one thread).
+        let armed_phase = self.agree_u32(offset_of!(AgreeCtl, phase)).load(Acquire);
+        let armed_seq = self.agree_u32(offset_of!(AgreeCtl, seq)).load(Acquire);
+        if seq == 0 || armed_seq != seq || armed_phase == AGREE_NO_PHASE || armed_phase != phase {
+            return AgreeFolded::NotArmed;
+        }
+        let key = agree_key(value.to_bits());
+        self.agree_u64(offset_of!(AgreeCtl, min_key)).fetch_min(key, AcqRel);
+        self.agree_u64(offset_of!(AgreeCtl, max_key)).fetch_max(key, AcqRel);
+        let sender = sender % crate::wire::MAX_RANKS;
+        let bit = 1u64 << (sender % 64);
+        if self.agree_senders(sender / 64).fetch_or(bit, AcqRel) & bit != 0 {
+            return AgreeFolded::Duplicate;
+        }
+        let count = self.agree_u32(offset_of!(AgreeCtl, count)).fetch_add(1, AcqRel) + 1;
+        let quorum = self.agree_u32(offset_of!(AgreeCtl, quorum)).load(Acquire);
+        if count >= quorum
+            && self.agree_u32(offset_of!(AgreeCtl, notified)).compare_exchange(0, 1, AcqRel, Acquire).is_ok()
+        {
+            AgreeFolded::Quorum
+        } else {
+            AgreeFolded::Folded
+        }
+    }
+
+    /// Reads the block (keys converted back to f64).
+    pub fn agree_fold(&self) -> AgreeFold {
+        use std::mem::offset_of;
+        use std::sync::atomic::Ordering::Acquire;
+        let u32f = |offset| self.agree_u32(offset).load(Acquire);
+        let mut senders = [0u64; 4];
+        for (word, bits) in senders.iter_mut().enumerate() {
+            *bits = self.agree_senders(word).load(Acquire);
+        }
+        AgreeFold {
+            seq: u32f(offset_of!(AgreeCtl, seq)),
+            phase: u32f(offset_of!(AgreeCtl, phase)),
+            count: u32f(offset_of!(AgreeCtl, count)),
+            quorum: u32f(offset_of!(AgreeCtl, quorum)),
+            notified: u32f(offset_of!(AgreeCtl, notified)) != 0,
+            senders,
+            min: f64::from_bits(agree_unkey(self.agree_u64(offset_of!(AgreeCtl, min_key)).load(Acquire))),
+            max: f64::from_bits(agree_unkey(self.agree_u64(offset_of!(AgreeCtl, max_key)).load(Acquire))),
+        }
+    }
+
+    /// seq = 0: XDP passes every agreement datagram up. (Also phase =
+    /// NO_PHASE, and returns once no CPU is folding or answering from the
+    /// block: nothing XDP does afterwards touches it.)
+    pub fn disarm_agree(&self) {
+        use std::sync::atomic::Ordering::SeqCst;
+        self.quiesce_agree();
+        self.agree_u32(std::mem::offset_of!(AgreeCtl, seq)).store(0, SeqCst);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::{dtype::Dtype, op::ReduceOp, quant};
+
+    /// Doubles of every kind: zeros of both signs, subnormals, the extremes,
+    /// infinities, and a spread of ordinary values.
+    fn values() -> Vec<f64> {
+        let mut v = vec![
+            0.0,
+            -0.0,
+            f64::from_bits(1),
+            -f64::from_bits(1),
+            f64::MIN_POSITIVE,
+            -f64::MIN_POSITIVE,
+            f64::MAX,
+            f64::MIN,
+            f64::INFINITY,
+            f64::NEG_INFINITY,
+            1.0,
+            -1.0,
+            0.5,
+            1e6,
+            -1e6,
+            1e300,
+            -1e-300,
+        ];
+        // A deterministic pseudo-random spread over all exponents.
+        let mut x = 0x9e37_79b9_7f4a_7c15u64;
+        while v.len() < 5000 {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            let f = f64::from_bits(x);
+            if !f.is_nan() {
+                v.push(f);
+            }
+            v.push((x % 2_000_001) as f64 / 2.0 - 500_000.0);
+        }
+        v
+    }
+
+    #[test]
+    fn the_agreement_key_orders_as_the_doubles() {
+        let v = values();
+        for &a in &v {
+            let ka = agree_key(a.to_bits());
+            assert_eq!(agree_unkey(ka), a.to_bits(), "{a:e} round-trips");
+            for &b in v.iter().step_by(7) {
+                let kb = agree_key(b.to_bits());
+                // −0 and +0 compare equal as floats; their keys order −0 first.
+                let want = if a == 0.0 && b == 0.0 {
+                    a.is_sign_positive().cmp(&b.is_sign_positive())
+                } else {
+                    a.partial_cmp(&b).unwrap()
+                };
+                assert_eq!(ka.cmp(&kb), want, "{a:e} vs {b:e}");
+            }
+        }
+        // The min and max of any set, through the keys, are the plain ones.
+        for set in v.chunks(13) {
+            let kmin = set.iter().map(|x| agree_key(x.to_bits())).min().unwrap();
+            let kmax = set.iter().map(|x| agree_key(x.to_bits())).max().unwrap();
+            let min = set.iter().copied().fold(f64::INFINITY, f64::min);
+            let max = set.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+            assert_eq!(f64::from_bits(agree_unkey(kmin)), min);
+            assert_eq!(f64::from_bits(agree_unkey(kmax)), max);
+        }
+    }
+
+    #[test]
+    fn the_agreement_key_is_the_reductions_f64_key() {
+        let v = values();
+        let src: Vec<u8> = v.iter().flat_map(|x| x.to_le_bytes()).collect();
+        for op in [ReduceOp::Min, ReduceOp::Max] {
+            let mut keys = vec![0u8; src.len()];
+            quant::to_ordered(Dtype::F64, op, &src, &mut keys);
+            for (x, k) in v.iter().zip(keys.chunks_exact(8)) {
+                assert_eq!(agree_key(x.to_bits()), u64::from_le_bytes(k.try_into().unwrap()), "{x:e}");
+            }
+        }
     }
 }

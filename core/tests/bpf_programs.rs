@@ -823,3 +823,304 @@ fn xdp_turns_the_completing_contribution_into_the_result_and_places_others_resul
     assert_eq!(max, i32_bytes(&want), "the slot holds the maximum");
     assert_eq!(rstat(&h, "errors"), 0);
 }
+
+// ---- Approximate agreement (docs/PROTOCOL.md, "Approximate agreement") -----
+
+use aggbox_core::{
+    maps::ASTAT_NAMES,
+    window::{AgreeArm, AgreeFolded, Windows},
+};
+
+const AGREE_VALUE: u8 = 30;
+const AGREE_QUORUM: u8 = 31;
+const FLAG_ANSWER: u16 = 0x0040;
+/// Ranks of the agreement tests' group: this host is rank 0.
+const AGREE_RANKS: usize = 6;
+
+fn rank_ip(rank: usize) -> Ipv4Addr {
+    Ipv4Addr::new(10, 77, 0, rank as u8 + 1)
+}
+
+fn rank_port(rank: usize) -> u16 {
+    LOCAL_PORT + rank as u16
+}
+
+fn agree_group() -> GroupInfo {
+    let peers = (0..AGREE_RANKS)
+        .map(|rank| PeerInfo {
+            rank,
+            ipv4: rank_ip(rank),
+            mac: [2, 0, 0, 0, 0, rank as u8 + 1],
+            port: rank_port(rank),
+            datapath: Datapath::Kernel,
+            mtu: 1500,
+        })
+        .collect();
+    GroupInfo { group: GROUP, token: TOKEN, peers }
+}
+
+fn agree_harness() -> (Harness, Windows) {
+    let mut h = Harness::new().unwrap();
+    let windows = h.register_with_windows(LOCAL_IP, LOCAL_PORT, &agree_group(), CTL).unwrap();
+    (h, windows)
+}
+
+/// An AGREE_VALUE payload (header and body), as docs/PROTOCOL.md lays it out.
+fn agree_payload(sender: u16, seq: u32, phase: u32, last: u32, flags: u16, value: f64, incarnation: u32) -> Vec<u8> {
+    let mut p = bcast_header(AGREE_VALUE, sender, seq, phase, last, 0);
+    p[6..8].copy_from_slice(&flags.to_le_bytes());
+    p[14] = 6; // f64
+    p.extend_from_slice(&value.to_bits().to_le_bytes());
+    p.extend_from_slice(&incarnation.to_le_bytes());
+    p.extend_from_slice(&0u32.to_le_bytes());
+    assert_eq!(p.len(), 56);
+    p
+}
+
+/// The frame of `sender`'s value of `phase` arriving here.
+fn agree_from(sender: usize, seq: u32, phase: u32, value: f64) -> Vec<u8> {
+    let p = agree_payload(sender as u16, seq, phase, 9, 0, value, 100 + sender as u32);
+    udp(rank_ip(sender), rank_port(sender), LOCAL_IP, LOCAL_PORT, &p)
+}
+
+fn astat(h: &Harness, name: &str) -> u64 {
+    h.agree_stats().unwrap()[ASTAT_NAMES.iter().position(|n| *n == name).unwrap()]
+}
+
+fn astats(h: &Harness) -> Vec<(&'static str, u64)> {
+    let stats = h.agree_stats().unwrap();
+    ASTAT_NAMES.iter().copied().zip(stats).filter(|(_, v)| *v != 0).collect()
+}
+
+/// Plain min and max, −0 below +0 (f64::total_cmp, which is the float order
+/// on everything but NaN).
+fn plain_min_max(values: &[f64]) -> (f64, f64) {
+    let min = *values.iter().min_by(|a, b| a.total_cmp(b)).unwrap();
+    let max = *values.iter().max_by(|a, b| a.total_cmp(b)).unwrap();
+    (min, max)
+}
+
+fn arm(windows: &Windows, seq: u32, phase: u32, quorum: u32, value: f64) {
+    windows.arm_agree(&AgreeArm { seq, phase, last: 9, quorum, rank: 0, value, incarnation: 7 });
+}
+
+#[test]
+fn xdp_folds_a_phase_and_lets_one_quorum_notice_up() {
+    let (h, windows) = agree_harness();
+    let own = -3.5;
+    arm(&windows, 11, 2, 4, own); // n = 6, f = 2: a quorum of 4, own included
+    let fold = windows.agree_fold();
+    assert_eq!((fold.seq, fold.phase, fold.count, fold.quorum, fold.notified), (11, 2, 1, 4, false));
+    assert_eq!(fold.senders, [1, 0, 0, 0]);
+    assert_eq!((fold.min.to_bits(), fold.max.to_bits()), (own.to_bits(), own.to_bits()));
+
+    let v1 = 1e300;
+    assert_eq!(h.run(Prog::XdpIngress, &agree_from(1, 11, 2, v1)).unwrap().retval, xdp::DROP, "folded");
+    assert_eq!(h.run(Prog::XdpIngress, &agree_from(1, 11, 2, v1)).unwrap().retval, xdp::DROP, "a repeat");
+    assert_eq!(windows.agree_fold().count, 2, "the repeat is not counted");
+    let v2 = -0.0;
+    assert_eq!(h.run(Prog::XdpIngress, &agree_from(2, 11, 2, v2)).unwrap().retval, xdp::DROP);
+    assert_eq!(windows.agree_fold().count, 3);
+    assert!(!windows.agree_fold().notified);
+
+    // The quorum-th distinct sender: its value goes up as the notice.
+    let v3 = -f64::MAX;
+    let frame = agree_from(3, 11, 2, v3);
+    let out = h.run(Prog::XdpIngress, &frame).unwrap();
+    assert_eq!(out.retval, xdp::PASS, "the one wake-up of the phase");
+    let mut want = frame.clone();
+    want[42 + 5] = AGREE_QUORUM;
+    assert_eq!(out.frame, want, "kind AGREE_QUORUM, header and body otherwise kept (UDP checksum 0)");
+    assert!(windows.agree_fold().notified);
+
+    // Past the quorum: folded, never a second notice; repeats dropped.
+    let v4 = 0.0;
+    let v5 = 7.25e-310; // subnormal
+    assert_eq!(h.run(Prog::XdpIngress, &agree_from(4, 11, 2, v4)).unwrap().retval, xdp::DROP);
+    assert_eq!(h.run(Prog::XdpIngress, &agree_from(3, 11, 2, v3)).unwrap().retval, xdp::DROP);
+    assert_eq!(h.run(Prog::XdpIngress, &agree_from(5, 11, 2, v5)).unwrap().retval, xdp::DROP);
+
+    let fold = windows.agree_fold();
+    assert_eq!((fold.count, fold.notified), (6, true));
+    assert_eq!(fold.senders, [0b11_1111, 0, 0, 0]);
+    let (min, max) = plain_min_max(&[own, v1, v2, v3, v4, v5]);
+    assert_eq!((fold.min.to_bits(), fold.max.to_bits()), (min.to_bits(), max.to_bits()));
+    assert_eq!((fold.min, fold.max), (-f64::MAX, 1e300));
+    assert_eq!(astats(&h), vec![("folded", 4), ("quorums", 1), ("duplicates", 2)]);
+
+    // The next phase starts again from this rank's own value alone.
+    arm(&windows, 11, 3, 4, 0.0);
+    let fold = windows.agree_fold();
+    assert_eq!((fold.phase, fold.count, fold.notified, fold.senders), (3, 1, false, [1, 0, 0, 0]));
+    assert_eq!((fold.min.to_bits(), fold.max.to_bits()), (0.0f64.to_bits(), 0.0f64.to_bits()));
+    // Zeros of both signs: −0 is the minimum, +0 the maximum.
+    assert_eq!(h.run(Prog::XdpIngress, &agree_from(1, 11, 3, -0.0)).unwrap().retval, xdp::DROP);
+    let fold = windows.agree_fold();
+    assert_eq!((fold.min.to_bits(), fold.max.to_bits()), ((-0.0f64).to_bits(), 0.0f64.to_bits()));
+    // Negative values order by magnitude the other way.
+    for (sender, v) in [(2, -1e-5), (3, -2.5e6), (4, -2.4e6)] {
+        h.run(Prog::XdpIngress, &agree_from(sender, 11, 3, v)).unwrap();
+    }
+    let fold = windows.agree_fold();
+    let (min, max) = plain_min_max(&[0.0, -0.0, -1e-5, -2.5e6, -2.4e6]);
+    assert_eq!((fold.min.to_bits(), fold.max.to_bits()), (min.to_bits(), max.to_bits()));
+    assert_eq!((fold.min, fold.count), (-2.5e6, 5));
+    assert_eq!(astat(&h, "quorums"), 2, "phase 3 has its own notice");
+}
+
+#[test]
+fn xdp_answers_a_rank_that_lags_and_drops_stale_answers() {
+    let (h, windows) = agree_harness();
+    let own = 42.125;
+    windows.arm_agree(&AgreeArm { seq: 11, phase: 5, last: 9, quorum: 4, rank: 0, value: own, incarnation: 77 });
+    // Rank 1 still sends phase 3 (with trailing bytes the answer must not keep).
+    let mut late = agree_payload(1, 11, 3, 9, 0x0001, -8.0, 3);
+    late.extend_from_slice(&[0xee; 24]);
+    let frame = udp(rank_ip(1), rank_port(1), LOCAL_IP, LOCAL_PORT, &late);
+    let out = h.run(Prog::XdpIngress, &frame).unwrap();
+    assert_eq!(out.retval, xdp::TX, "answered in the kernel");
+    // The answer, built here independently: this rank's value of phase 5,
+    // from rank 0 to rank 1, ends swapped, cut to header + body.
+    let mut answer = agree_payload(0, 11, 5, 9, FLAG_ANSWER, own, 77);
+    answer[14] = 6;
+    let mut want = udp(LOCAL_IP, LOCAL_PORT, rank_ip(1), rank_port(1), &answer);
+    let (dst, src) = (frame[0..6].to_vec(), frame[6..12].to_vec());
+    want[0..6].copy_from_slice(&src);
+    want[6..12].copy_from_slice(&dst);
+    assert_eq!(out.frame.len(), 14 + 20 + 8 + 40 + 16);
+    assert_eq!(out.frame, want, "exact answer bytes");
+    assert!(ipv4_checksum_ok(&out.frame[14..34]), "IPv4 checksum");
+    assert_eq!(u16::from_be_bytes([out.frame[16], out.frame[17]]), 20 + 8 + 56, "IPv4 total length");
+    assert_eq!(u16::from_be_bytes([out.frame[38], out.frame[39]]), 8 + 56, "UDP length");
+    assert_eq!(flags_of(&out.frame), FLAG_ANSWER);
+    assert_eq!(u16::from_le_bytes([out.frame[42 + 12], out.frame[42 + 13]]), 0, "sender: this rank");
+    assert_eq!(u32::from_le_bytes(out.frame[42 + 28..42 + 32].try_into().unwrap()), 5, "phase");
+    assert_eq!(u32::from_le_bytes(out.frame[42 + 32..42 + 36].try_into().unwrap()), 9, "last phase");
+    assert_eq!(f64::from_bits(u64::from_le_bytes(out.frame[82..90].try_into().unwrap())), own);
+    assert_eq!(u32::from_le_bytes(out.frame[90..94].try_into().unwrap()), 77, "incarnation");
+    assert_eq!(windows.agree_fold().count, 1, "a lagging value is not folded");
+
+    // An answer of an earlier phase (this rank is ahead of its sender's
+    // view of it): stale, dropped.
+    let stale = agree_payload(2, 11, 4, 9, FLAG_ANSWER, 1.0, 1);
+    let out = h.run(Prog::XdpIngress, &udp(rank_ip(2), rank_port(2), LOCAL_IP, LOCAL_PORT, &stale)).unwrap();
+    assert_eq!(out.retval, xdp::DROP);
+    // An answer of the armed phase is a value of that phase: folded.
+    let answer5 = agree_payload(2, 11, 5, 9, FLAG_ANSWER, 50.0, 1);
+    let out = h.run(Prog::XdpIngress, &udp(rank_ip(2), rank_port(2), LOCAL_IP, LOCAL_PORT, &answer5)).unwrap();
+    assert_eq!(out.retval, xdp::DROP);
+    assert_eq!((windows.agree_fold().count, windows.agree_fold().max), (2, 50.0));
+    // Of a later phase: up to the process, unchanged.
+    let ahead = agree_from(3, 11, 6, 1.5);
+    let out = h.run(Prog::XdpIngress, &ahead).unwrap();
+    assert_eq!((out.retval, &out.frame), (xdp::PASS, &ahead));
+    assert_eq!(astats(&h), vec![("folded", 1), ("ahead", 1), ("answered", 1), ("stale", 1)]);
+
+    // Decided: the last phase with an unreachable quorum. XDP records final
+    // values without a notice and answers laggers with the final value.
+    let decided = 41.0;
+    windows.arm_agree(&AgreeArm { seq: 11, phase: 9, last: 9, quorum: u32::MAX, rank: 0, value: decided, incarnation: 78 });
+    for sender in 1..AGREE_RANKS {
+        assert_eq!(h.run(Prog::XdpIngress, &agree_from(sender, 11, 9, 40.0 + sender as f64 / 8.0)).unwrap().retval, xdp::DROP);
+    }
+    let fold = windows.agree_fold();
+    assert_eq!((fold.count, fold.notified, fold.senders[0]), (AGREE_RANKS as u32, false, 0b11_1111));
+    let out = h.run(Prog::XdpIngress, &agree_from(4, 11, 2, 0.0)).unwrap();
+    assert_eq!(out.retval, xdp::TX);
+    assert_eq!(u32::from_le_bytes(out.frame[42 + 28..42 + 32].try_into().unwrap()), 9, "the final phase");
+    assert_eq!(f64::from_bits(u64::from_le_bytes(out.frame[82..90].try_into().unwrap())), decided);
+    assert_eq!(u32::from_le_bytes(out.frame[90..94].try_into().unwrap()), 78);
+    assert_eq!(&out.frame[14 + 16..14 + 20], &rank_ip(4).octets(), "to rank 4");
+    assert_eq!(astat(&h, "quorums"), 0);
+}
+
+#[test]
+fn xdp_leaves_other_agreements_to_the_process_and_drops_what_is_wrong() {
+    let (h, windows) = agree_harness();
+    // Not armed: everything goes up unchanged.
+    let v = agree_from(1, 11, 0, 2.0);
+    assert_eq!(h.run(Prog::XdpIngress, &v).unwrap(), aggbox_core::testrun::TestRun { retval: xdp::PASS, frame: v.clone() });
+    arm(&windows, 11, 0, 4, 1.0);
+    // Another agreement: the process decides.
+    let other = agree_from(1, 12, 0, 2.0);
+    assert_eq!(h.run(Prog::XdpIngress, &other).unwrap(), aggbox_core::testrun::TestRun { retval: xdp::PASS, frame: other.clone() });
+    assert_eq!(astat(&h, "passed"), 2);
+    // An AGREE_QUORUM from the wire: forged (only XDP makes them).
+    let mut forged = agree_payload(1, 11, 0, 9, 0, 2.0, 1);
+    forged[5] = AGREE_QUORUM;
+    let out = h.run(Prog::XdpIngress, &udp(rank_ip(1), rank_port(1), LOCAL_IP, LOCAL_PORT, &forged)).unwrap();
+    assert_eq!(out.retval, xdp::DROP);
+    // Bodies too short: the header alone, and one byte short.
+    let full = agree_payload(2, 11, 0, 9, 0, 2.0, 1);
+    for cut in [40, 55] {
+        let out = h.run(Prog::XdpIngress, &udp(rank_ip(2), rank_port(2), LOCAL_IP, LOCAL_PORT, &full[..cut])).unwrap();
+        assert_eq!(out.retval, xdp::DROP, "{cut} bytes");
+    }
+    assert_eq!(windows.agree_fold().count, 1, "nothing folded");
+    assert_eq!(astats(&h), vec![("malformed", 2), ("forged", 1), ("passed", 2)]);
+    // Disarmed: up again.
+    windows.disarm_agree();
+    let v = agree_from(1, 11, 0, 2.0);
+    assert_eq!(h.run(Prog::XdpIngress, &v).unwrap().retval, xdp::PASS);
+    assert_eq!(windows.agree_fold().seq, 0);
+    assert_eq!(astat(&h, "passed"), 3);
+}
+
+#[test]
+fn the_process_folds_passed_up_values_with_the_same_atomics() {
+    let (h, windows) = agree_harness();
+    arm(&windows, 21, 4, 4, 10.0);
+    // Values that reached the socket (before the arming, or contended).
+    assert_eq!(windows.fold_agree(21, 4, 1, -20.0), AgreeFolded::Folded);
+    assert_eq!(windows.fold_agree(21, 4, 1, -20.0), AgreeFolded::Duplicate);
+    assert_eq!(windows.fold_agree(21, 3, 2, 99.0), AgreeFolded::NotArmed, "another phase");
+    assert_eq!(windows.fold_agree(22, 4, 2, 99.0), AgreeFolded::NotArmed, "another agreement");
+    assert_eq!(windows.agree_fold().count, 2);
+    // XDP and the process fold into the same block.
+    assert_eq!(h.run(Prog::XdpIngress, &agree_from(2, 21, 4, 30.0)).unwrap().retval, xdp::DROP);
+    assert_eq!(h.run(Prog::XdpIngress, &agree_from(1, 21, 4, -20.0)).unwrap().retval, xdp::DROP, "the process folded rank 1");
+    assert_eq!(astat(&h, "duplicates"), 1);
+    assert_eq!(windows.fold_agree(21, 4, 2, 30.0), AgreeFolded::Duplicate, "XDP folded rank 2");
+    // The process's fold takes the count to the quorum: it wins the notice …
+    assert_eq!(windows.fold_agree(21, 4, 3, 5.0), AgreeFolded::Quorum);
+    assert!(windows.agree_fold().notified);
+    // … so XDP sends none.
+    assert_eq!(h.run(Prog::XdpIngress, &agree_from(4, 21, 4, 1e9)).unwrap().retval, xdp::DROP);
+    assert_eq!(windows.fold_agree(21, 4, 5, -1e-9), AgreeFolded::Folded);
+    let fold = windows.agree_fold();
+    let (min, max) = plain_min_max(&[10.0, -20.0, 30.0, 5.0, 1e9, -1e-9]);
+    assert_eq!((fold.count, fold.senders[0], fold.min, fold.max), (6, 0b11_1111, min, max));
+    assert_eq!(astats(&h), vec![("folded", 2), ("duplicates", 1)]);
+    // Re-arming (NO_PHASE for a moment): nothing folds into it meanwhile.
+    windows.disarm_agree();
+    assert_eq!(windows.fold_agree(21, 4, 1, 0.0), AgreeFolded::NotArmed);
+}
+
+/// Five senders' values run on both CPUs at once, each many times over:
+/// whatever the races (a value that loses too many compare-and-swaps is
+/// left to the process, and its next repeat is folded), the fold ends exact
+/// and the notice went up once.
+#[test]
+fn concurrent_folds_end_exact_with_one_notice() {
+    const REPEAT: u32 = 3000;
+    let (h, windows) = agree_harness();
+    arm(&windows, 31, 0, AGREE_RANKS as u32, 0.5);
+    let values: Vec<f64> = vec![0.5, -7.0, 1e10, -0.0, 3.25, -1e-300];
+    let frames: Vec<Vec<u8>> = (1..AGREE_RANKS).map(|s| agree_from(s, 31, 0, values[s])).collect();
+    let fd = h.prog_fd(Prog::XdpIngress).unwrap();
+    std::thread::scope(|scope| {
+        for frame in &frames {
+            scope.spawn(move || aggbox_core::testrun::test_run_timed(fd, frame, REPEAT).unwrap());
+        }
+    });
+    let fold = windows.agree_fold();
+    let (min, max) = plain_min_max(&values);
+    assert_eq!((fold.count, fold.senders[0], fold.notified), (AGREE_RANKS as u32, 0b11_1111, true));
+    assert_eq!((fold.min.to_bits(), fold.max.to_bits()), (min.to_bits(), max.to_bits()));
+    let s = |name| astat(&h, name);
+    assert_eq!((s("folded"), s("quorums")), (4, 1), "{:?}", astats(&h));
+    // Every run is accounted for. (A test run repeats on the frame as the
+    // program left it: after the notice, that sender's frame is a QUORUM.)
+    let total = (frames.len() as u32 * REPEAT) as u64;
+    assert_eq!(s("folded") + s("quorums") + s("duplicates") + s("contended") + s("forged"), total, "{:?}", astats(&h));
+}
