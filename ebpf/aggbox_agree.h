@@ -16,7 +16,10 @@
  * - of a later phase: up to the process, which jumps ahead;
  * - of an earlier phase, not an answer itself: the sender lags behind, and
  *   is answered with XDP_TX with the value this rank sent for ans_phase;
- * - an answer of an earlier phase: stale, dropped.
+ * - an answer of an earlier phase: stale, dropped;
+ * - decided (armed at the last phase), a repeated final value from a rank
+ *   that decided too: recorded, and answered with this rank's final value,
+ *   since the sender's repeat says it has not heard that this rank decided.
  * Everything XDP cannot settle (not armed, another agreement, the process
  * re-arming, a value that lost too many races, an answer being rewritten)
  * goes up unchanged, and the process folds it with the same atomics on the
@@ -168,6 +171,22 @@ static __always_inline int aggbox_xdp_agree_value(struct xdp_md *ctx, struct agg
 		word = (sender / 64) & (AGGBOX_RANK_WORDS - 1);
 		bit = 1ULL << (sender % 64);
 		old = __sync_fetch_and_or(&ctl->senders[word], bit);
+		if (phase == ctl->last &&
+		    (flags & (AGGBOX_FLAG_RETRANSMIT | AGGBOX_FLAG_ANSWER)) == AGGBOX_FLAG_RETRANSMIT) {
+			/* Decided, and a decided sender repeats its final value:
+			 * it has not heard that this rank decided too. Recorded
+			 * (the bit) and answered with this rank's final value. */
+			if (!(old & bit))
+				__sync_fetch_and_add(&ctl->count, 1);
+			if (pkt->ip->ihl == 5 && !aggbox_agree_answer(ctx, ctl)) {
+				__sync_fetch_and_sub(&ctl->inflight, 1);
+				aggbox_acount(AGGBOX_ASTAT_ANSWERED);
+				return XDP_TX;
+			}
+			__sync_fetch_and_sub(&ctl->inflight, 1);
+			aggbox_acount(AGGBOX_ASTAT_FOLDED);
+			return XDP_DROP;
+		}
 		if (old & bit) {
 			__sync_fetch_and_sub(&ctl->inflight, 1);
 			aggbox_acount(AGGBOX_ASTAT_DUPLICATES);

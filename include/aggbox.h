@@ -668,6 +668,11 @@ typedef struct aggbox_stats {
    * Values sent to ranks that lagged behind.
    */
   uint64_t agree_answers_sent;
+  /**
+   * Times the communicator slept waiting for its socket (woken by a
+   * datagram or a timer): its wake-ups.
+   */
+  uint64_t socket_waits;
 } aggbox_stats;
 
 #ifdef __cplusplus

@@ -68,7 +68,8 @@ pub fn rank_agree(rounds: usize) -> Result<(), String> {
         let woken = wakeups() - woken;
         let after = comm.stats().map_err(err)?.user;
         println!(
-            "agree round={round} us={us:.0} value={value:.17e} wakeups={woken} phases={} jumps={} from_kernel={} on_socket={} retransmits={}",
+            "agree round={round} us={us:.0} value={value:.17e} wakeups={woken} waits={} phases={} jumps={} from_kernel={} on_socket={} retransmits={}",
+            after.socket_waits - before.socket_waits,
             after.agree_phases - before.agree_phases,
             after.agree_jumps - before.agree_jumps,
             after.agree_quorums_from_kernel - before.agree_quorums_from_kernel,
@@ -91,8 +92,11 @@ fn field(line: &str, key: &str) -> Result<f64, String> {
 struct AgreeRun {
     /// The slowest rank's time per timed agreement, µs.
     slowest: Vec<f64>,
-    /// Wake-ups per phase, averaged over ranks and agreements.
+    /// Voluntary context switches per phase (the socket's wake-ups and the
+    /// store's fsyncs), averaged over ranks and agreements.
     wakeups_per_phase: f64,
+    /// Sleeps on the socket per phase: the wake-ups by datagrams and timers.
+    waits_per_phase: f64,
     /// Quorums announced by XDP per phase, averaged likewise.
     from_kernel_per_phase: f64,
     /// Values of the running phase that reached sockets, per phase and rank.
@@ -131,7 +135,7 @@ fn agree_run(cluster: &Cluster, datapath: &str, rounds: usize, port: u16) -> Res
         return Err(format!("{datapath}: a rank did not report every agreement"));
     }
     let last = f64::from(phases(LO, HI, EPSILON));
-    let mut run = AgreeRun { slowest: Vec::new(), wakeups_per_phase: 0.0, from_kernel_per_phase: 0.0, on_socket_per_phase: 0.0 };
+    let mut run = AgreeRun { slowest: Vec::new(), wakeups_per_phase: 0.0, waits_per_phase: 0.0, from_kernel_per_phase: 0.0, on_socket_per_phase: 0.0 };
     for round in 0..=rounds {
         let values: Vec<f64> = lines.iter().map(|l| field(l[round], "value")).collect::<Result<_, _>>()?;
         let inputs: Vec<f64> = (0..n).map(|r| input(round, r, n)).collect();
@@ -147,6 +151,7 @@ fn agree_run(cluster: &Cluster, datapath: &str, rounds: usize, port: u16) -> Res
         for l in &lines {
             slowest = slowest.max(field(l[round], "us")?);
             run.wakeups_per_phase += field(l[round], "wakeups")? / last;
+            run.waits_per_phase += field(l[round], "waits")? / last;
             run.from_kernel_per_phase += field(l[round], "from_kernel")? / last;
             run.on_socket_per_phase += field(l[round], "on_socket")? / last;
         }
@@ -154,6 +159,7 @@ fn agree_run(cluster: &Cluster, datapath: &str, rounds: usize, port: u16) -> Res
     }
     let samples = (rounds * n) as f64;
     run.wakeups_per_phase /= samples;
+    run.waits_per_phase /= samples;
     run.from_kernel_per_phase /= samples;
     run.on_socket_per_phase /= samples;
     Ok(run)
@@ -185,8 +191,8 @@ pub fn agree(hosts: usize, rounds: usize) -> Result<(), String> {
         let t = median(&mut run.slowest.clone());
         medians.push(t);
         println!(
-            "{datapath:<6} loss {loss:>2}%  {:>9.0} µs  {:.2} wake-ups per phase per rank, {:.2} quorum notices from XDP per phase, {:.2} values of the phase on the socket per phase",
-            t, run.wakeups_per_phase, run.from_kernel_per_phase, run.on_socket_per_phase
+            "{datapath:<6} loss {loss:>2}%  {:>9.0} µs  per phase and rank: {:.2} wake-ups by the socket, {:.2} voluntary context switches (with the store's fsyncs), {:.2} quorum notices from XDP, {:.2} values on the socket",
+            t, run.waits_per_phase, run.wakeups_per_phase, run.from_kernel_per_phase, run.on_socket_per_phase
         );
     }
     println!(

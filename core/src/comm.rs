@@ -291,7 +291,7 @@ impl Comm {
             Some(attachment) => attachment.kernel_stats()?,
             None => KernelStats::default(),
         };
-        let user = UserStats { syscalls: self.transport.syscalls(), ..self.user_stats };
+        let user = UserStats { syscalls: self.transport.syscalls(), socket_waits: self.transport.waits(), ..self.user_stats };
         Ok(Stats { datapath: self.datapath, user, kernel })
     }
 

@@ -137,6 +137,8 @@ pub struct Transport {
     /// System calls made on the socket (sends, receives, polls), counted
     /// for the benchmarks' syscalls-per-operation figure.
     syscalls: Cell<u64>,
+    /// Times the owner slept waiting for the socket (`wait_readable`).
+    waits: Cell<u64>,
 }
 
 impl Transport {
@@ -193,12 +195,18 @@ impl Transport {
             filled: 0,
         });
         rx.point_at_slots();
-        Ok(Transport { socket, local, tx, rx, syscalls: Cell::new(0) })
+        Ok(Transport { socket, local, tx, rx, syscalls: Cell::new(0), waits: Cell::new(0) })
     }
 
     /// The bound address.
     pub fn local_addr(&self) -> SocketAddrV4 {
         self.local
+    }
+
+    /// Times the owner waited for a datagram (each a sleep until one came,
+    /// or the deadline): how often it was woken by its socket.
+    pub fn waits(&self) -> u64 {
+        self.waits.get()
     }
 
     /// System calls made on the socket so far.
@@ -418,6 +426,7 @@ impl Transport {
         if now >= deadline {
             return Ok(false);
         }
+        self.waits.set(self.waits.get() + 1);
         // Round up so a sub-millisecond wait still sleeps.
         let ms = ((deadline - now).as_micros().div_ceil(1000)).min(i32::MAX as u128) as i32;
         self.poll(libc::POLLIN, ms)

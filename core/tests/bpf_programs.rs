@@ -834,6 +834,7 @@ use aggbox_core::{
 const AGREE_VALUE: u8 = 30;
 const AGREE_QUORUM: u8 = 31;
 const FLAG_ANSWER: u16 = 0x0040;
+const FLAG_RETRANSMIT: u16 = 0x0001;
 /// Ranks of the agreement tests' group: this host is rank 0.
 const AGREE_RANKS: usize = 6;
 
@@ -1032,6 +1033,21 @@ fn xdp_answers_a_rank_that_lags_and_drops_stale_answers() {
     assert_eq!(u32::from_le_bytes(out.frame[90..94].try_into().unwrap()), 78);
     assert_eq!(&out.frame[14 + 16..14 + 20], &rank_ip(4).octets(), "to rank 4");
     assert_eq!(astat(&h, "quorums"), 0);
+
+    // Decided, a final value repeated (RETRANSMIT) by a rank that decided
+    // too: it has not heard that this one did, so it is answered with this
+    // rank's final value; a first copy or an answer is only recorded.
+    let repeat = agree_payload(5, 11, 9, 9, FLAG_RETRANSMIT, 40.625, 3);
+    let out = h.run(Prog::XdpIngress, &udp(rank_ip(5), rank_port(5), LOCAL_IP, LOCAL_PORT, &repeat)).unwrap();
+    assert_eq!(out.retval, xdp::TX, "a repeated final value is answered");
+    assert_eq!(flags_of(&out.frame), FLAG_ANSWER);
+    assert_eq!(u32::from_le_bytes(out.frame[42 + 28..42 + 32].try_into().unwrap()), 9);
+    assert_eq!(f64::from_bits(u64::from_le_bytes(out.frame[82..90].try_into().unwrap())), decided);
+    assert_eq!(&out.frame[14 + 16..14 + 20], &rank_ip(5).octets(), "to rank 5");
+    let answered = agree_payload(5, 11, 9, 9, FLAG_RETRANSMIT | FLAG_ANSWER, 40.625, 3);
+    let out = h.run(Prog::XdpIngress, &udp(rank_ip(5), rank_port(5), LOCAL_IP, LOCAL_PORT, &answered)).unwrap();
+    assert_eq!(out.retval, xdp::DROP, "an answer is not answered");
+    assert_eq!(windows.agree_fold().count, AGREE_RANKS as u32, "nobody counted twice");
 }
 
 #[test]

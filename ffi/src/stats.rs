@@ -181,6 +181,9 @@ pub struct aggbox_stats {
     pub agree_quorums_from_kernel: u64,
     /// Values sent to ranks that lagged behind.
     pub agree_answers_sent: u64,
+    /// Times the communicator slept waiting for its socket (woken by a
+    /// datagram or a timer): its wake-ups.
+    pub socket_waits: u64,
 }
 
 /// The smallest `size` accepted: up to and including `datapath`.
@@ -222,6 +225,7 @@ impl aggbox_stats {
             agree_values_received,
             agree_quorums_from_kernel,
             agree_answers_sent,
+            socket_waits,
         } = stats.user;
         aggbox_stats {
             size,
@@ -257,6 +261,7 @@ impl aggbox_stats {
             agree_values_received,
             agree_quorums_from_kernel,
             agree_answers_sent,
+            socket_waits,
         }
     }
 
@@ -310,7 +315,8 @@ impl aggbox_stats {
             agree_restarts,
             agree_values_received,
             agree_quorums_from_kernel,
-            agree_answers_sent
+            agree_answers_sent,
+            socket_waits
         );
     }
 }

@@ -27,8 +27,9 @@ use std::{
 
 use crate::{
     comm::{Backoff, Received},
+    window::{AgreeArm, AgreeFolded, Windows},
     wire::{AgreeBody, Header, Kind, AGREE_BODY_LEN, FLAG_ANSWER, FLAG_RETRANSMIT, HDR_LEN},
-    Comm, Error, Result,
+    Comm, Datapath, Error, Result,
 };
 use store::{fnv1a, Identity, Persisted, Store};
 
@@ -189,6 +190,9 @@ struct Run {
     decided: Vec<bool>,
     /// The start counter each rank's values last carried.
     incarnation: Vec<u32>,
+    /// XDP folds this rank's phases (the kernel datapath): the quorum and
+    /// who was heard are in the window, not in `fold`.
+    kernel: bool,
 }
 
 /// What the communicator keeps of its agreements between calls.
@@ -251,11 +255,18 @@ impl Comm {
             fold: Fold::new(n),
             decided: vec![false; n],
             incarnation: vec![0; n],
+            kernel: self.agree_windows().is_some(),
         };
         run.decided[self.rank()] = true;
         run.fold.reset(self.rank(), run.value);
         let timeout = config.timeout.unwrap_or(self.timeout());
+        self.agree_arm(&run);
         let result = self.agree_run(&store, &mut run, timeout, config.linger);
+        if result.is_err() {
+            if let Some(windows) = self.agree_windows() {
+                windows.disarm_agree();
+            }
+        }
         if result.is_ok() {
             self.user_stats.agreements += 1;
             self.agree.done = Some((seq, last, run.value, run.counter));
@@ -279,10 +290,9 @@ impl Comm {
         let mut linger_until: Option<Instant> = None;
         let mut seen = run.phase;
         loop {
-            if run.phase < run.last && run.fold.count >= run.quorum {
+            if let Some((min, max)) = self.agree_quorum(run) {
                 // The quorum of this phase is in: the next value.
-                let next = midpoint(run.fold.min, run.fold.max);
-                self.agree_enter(store, run, run.phase + 1, next)?;
+                self.agree_enter(store, run, run.phase + 1, midpoint(min, max))?;
                 self.user_stats.agree_phases += 1;
             }
             if run.phase != seen {
@@ -292,6 +302,7 @@ impl Comm {
                 deadline = Instant::now() + timeout;
             }
             if run.phase == run.last {
+                self.agree_note_decided(run);
                 let until = *linger_until.get_or_insert_with(|| Instant::now() + linger);
                 if (0..n).all(|r| run.decided[r]) || Instant::now() >= until {
                     return Ok(());
@@ -303,7 +314,7 @@ impl Comm {
             let wait = backoff.due().min(linger_until.unwrap_or(deadline));
             let Some(got) = self.recv_valid(wait)? else {
                 if linger_until.is_none() && Instant::now() >= deadline {
-                    let missing: Vec<usize> = (0..n).filter(|&r| !run.fold.heard[r]).collect();
+                    let missing: Vec<usize> = (0..n).filter(|&r| !self.agree_heard(run, r)).collect();
                     let names: Vec<String> = missing.iter().map(|r| r.to_string()).collect();
                     return Err(Error::PeerFailed {
                         rank: missing.first().copied().unwrap_or(me),
@@ -313,7 +324,7 @@ impl Comm {
                             run.seq,
                             run.phase,
                             run.last,
-                            run.fold.count,
+                            (0..n).filter(|&r| self.agree_heard(run, r)).count(),
                             run.quorum,
                             timeout.as_millis(),
                             names.join(", ")
@@ -325,6 +336,12 @@ impl Comm {
             match got.kind {
                 Kind::AgreeValue if got.header.seq == run.seq => self.agree_on_value(store, run, &got)?,
                 Kind::AgreeValue => self.agree_answer_old(&got)?,
+                // XDP's notice that this phase's quorum is in the window
+                // (checked at the top of the loop).
+                Kind::AgreeQuorum if run.kernel && got.header.seq == run.seq => {
+                    self.user_stats.agree_quorums_from_kernel += 1;
+                }
+                Kind::AgreeQuorum if run.kernel => self.user_stats.duplicates += 1,
                 Kind::AgreeQuorum => self.user_stats.dropped_malformed += 1,
                 _ => {
                     self.serve_stale(&got)?;
@@ -370,12 +387,25 @@ impl Comm {
             }
             return Ok(());
         }
-        if !run.fold.add(sender, value) {
+        let repeat = match self.agree_windows().filter(|_| run.kernel) {
+            // XDP passed it up (it lost the race for the window's keys, or
+            // came before this phase was armed): folded the way XDP folds.
+            Some(windows) => !matches!(
+                windows.fold_agree(run.seq, phase, sender, value),
+                AgreeFolded::Folded | AgreeFolded::Quorum
+            ),
+            None => !run.fold.add(sender, value),
+        };
+        if repeat {
             self.user_stats.duplicates += 1;
         }
-        if restarted && phase < run.last {
-            // It lost what it had received: our value of this phase again.
+        let repeated_final = phase == run.last && got.header.flags & (FLAG_RETRANSMIT | FLAG_ANSWER) == FLAG_RETRANSMIT;
+        if (restarted && phase < run.last) || repeated_final {
+            // It lost what it had received (our value of this phase again),
+            // or it decided and repeats its final value because it has not
+            // heard that we decided too (XDP answers the same way).
             self.send_agree(run, sender, FLAG_ANSWER)?;
+            self.user_stats.agree_answers_sent += 1;
         }
         Ok(())
     }
@@ -386,6 +416,8 @@ impl Comm {
         run.value = value;
         store.save(&Persisted { state: value, phase, counter: run.counter })?;
         run.fold.reset(self.rank(), value);
+        // Armed after the store, since XDP answers laggers with the value.
+        self.agree_arm(run);
         self.send_agree_all(run, false)
     }
 
@@ -394,7 +426,7 @@ impl Comm {
     fn send_agree_all(&mut self, run: &Run, retransmit: bool) -> Result<()> {
         let flags = if retransmit { FLAG_RETRANSMIT } else { 0 };
         for rank in 0..self.size() {
-            let needed = if run.phase == run.last { !run.decided[rank] } else { !run.fold.heard[rank] };
+            let needed = if run.phase == run.last { !run.decided[rank] } else { !self.agree_heard(run, rank) };
             if rank != self.rank() && needed {
                 self.send_agree(run, rank, flags)?;
                 if retransmit {
@@ -403,6 +435,67 @@ impl Comm {
             }
         }
         Ok(())
+    }
+
+    /// The kernel agreement window, on the kernel datapath.
+    fn agree_windows(&self) -> Option<&Windows> {
+        self.attachment.as_ref().and_then(|a| a.windows()).filter(|_| self.datapath() == Datapath::Kernel)
+    }
+
+    /// Arms the window for `run`'s phase (XDP folds it, and answers laggers
+    /// with its value); decided, it keeps answering with the final value
+    /// and records who else decided, until the next agreement.
+    fn agree_arm(&self, run: &Run) {
+        if let Some(windows) = self.agree_windows().filter(|_| run.kernel) {
+            windows.arm_agree(&AgreeArm {
+                seq: run.seq,
+                phase: run.phase,
+                last: run.last,
+                quorum: if run.phase == run.last { u32::MAX } else { run.quorum as u32 },
+                rank: self.rank() as u32,
+                value: run.value,
+                incarnation: run.counter,
+            });
+        }
+    }
+
+    /// The (min, max) of the running phase's quorum, once it is in.
+    fn agree_quorum(&self, run: &Run) -> Option<(f64, f64)> {
+        if run.phase >= run.last {
+            return None;
+        }
+        match self.agree_windows().filter(|_| run.kernel) {
+            Some(windows) => {
+                let fold = windows.agree_fold();
+                (fold.seq == run.seq && fold.phase == run.phase && fold.count as usize >= run.quorum)
+                    .then_some((fold.min, fold.max))
+            }
+            None => (run.fold.count >= run.quorum).then_some((run.fold.min, run.fold.max)),
+        }
+    }
+
+    /// Whether `rank`'s value of the running phase was folded.
+    fn agree_heard(&self, run: &Run, rank: usize) -> bool {
+        match self.agree_windows().filter(|_| run.kernel) {
+            Some(windows) => {
+                let fold = windows.agree_fold();
+                fold.seq == run.seq && fold.phase == run.phase && fold.senders[rank / 64] & (1 << (rank % 64)) != 0
+            }
+            None => run.fold.heard[rank],
+        }
+    }
+
+    /// Decided on the kernel datapath: the final values XDP folded say who
+    /// else decided.
+    fn agree_note_decided(&self, run: &mut Run) {
+        if let Some(windows) = self.agree_windows().filter(|_| run.kernel) {
+            let fold = windows.agree_fold();
+            if fold.seq == run.seq && fold.phase == run.last {
+                for (rank, decided) in run.decided.iter_mut().enumerate() {
+                    *decided |= fold.senders[rank / 64] & (1 << (rank % 64)) != 0;
+                }
+            }
+        }
     }
 
     fn send_agree(&mut self, run: &Run, rank: usize, flags: u16) -> Result<()> {
