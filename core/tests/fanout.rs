@@ -186,3 +186,68 @@ fn receivers_place_and_answer_in_the_kernel_and_the_root_folds() {
         assert_eq!(placed, vec![0x5a; 10], "rank {rank}");
     }
 }
+
+/// Approximate agreement on real interfaces: XDP folds a phase's values at
+/// a rank and wakes its socket once, with an AGREE_QUORUM, when the quorum
+/// is in (through TC ingress, which lets it up); a rank that lags is
+/// answered by XDP_TX and its answer reaches that rank's socket.
+#[test]
+fn agreement_values_fold_notify_and_answer_on_real_interfaces() {
+    use aggbox_core::{
+        maps::ASTAT_NAMES,
+        window::{AgreeArm, AgreeFold},
+        wire::{AgreeBody, FLAG_ANSWER},
+    };
+    let cluster = Cluster::temporary(HOSTS).unwrap();
+    let (group, hosts) = kernel_group(&cluster, 0x00fa_0019);
+    let peers = &group.peers;
+    let (seq, last) = (5u32, 4u32);
+    let value_of = |sender: u16, phase: u32, value: f64, flags: u16| {
+        let mut header = Header::new(Kind::AgreeValue, group.group, group.token, sender, seq);
+        header.chunk = phase;
+        header.nchunks = last;
+        header.flags = flags;
+        let mut datagram = vec![0u8; HDR_LEN];
+        header.write_to(&mut datagram);
+        datagram.extend_from_slice(&AgreeBody { value: value.to_bits(), incarnation: 1, reserved: 0 }.to_bytes());
+        datagram
+    };
+    let windows = hosts[0].1.windows().expect("a control block");
+    windows.arm_agree(&AgreeArm { seq, phase: 1, last, quorum: 3, rank: 0, value: 0.25, incarnation: 9 });
+    let fold = |w: &aggbox_core::window::Windows| -> AgreeFold { w.agree_fold() };
+
+    // Rank 1's value is folded and dropped; nothing reaches rank 0's socket.
+    hosts[1].0.send(&value_of(1, 1, -4.0, 0), peers[0].addr()).unwrap();
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while fold(windows).count < 2 {
+        assert!(Instant::now() < deadline, "rank 1's value was not folded");
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    let mut buf = vec![0u8; 4096];
+    assert!(hosts[0].0.recv(&mut buf, Instant::now() + Duration::from_millis(50)).unwrap().is_none());
+    // Rank 2's completes the quorum: the one notice, carrying its value.
+    let from2 = value_of(2, 1, 8.5, 0);
+    hosts[2].0.send(&from2, peers[0].addr()).unwrap();
+    let (len, from) = hosts[0].0.recv(&mut buf, Instant::now() + Duration::from_secs(5)).unwrap().expect("the quorum notice");
+    assert_eq!(from, peers[2].addr());
+    let (header, kind) = Header::read_from(&buf[..len]).unwrap();
+    assert_eq!((kind, header.sender, header.chunk, len), (Kind::AgreeQuorum, 2, 1, from2.len()));
+    assert_eq!(&buf[HDR_LEN..len], &from2[HDR_LEN..], "the body kept");
+    let f = fold(windows);
+    assert_eq!((f.count, f.notified, f.min, f.max, f.senders[0]), (3, true, -4.0, 8.5, 0b111));
+
+    // Rank 3 lags (phase 0): XDP answers it with rank 0's value of phase 1.
+    hosts[3].0.send(&value_of(3, 0, 100.0, 0), peers[0].addr()).unwrap();
+    let (len, from) = hosts[3].0.recv(&mut buf, Instant::now() + Duration::from_secs(5)).unwrap().expect("the answer");
+    assert_eq!(from, peers[0].addr(), "from rank 0");
+    let (header, kind) = Header::read_from(&buf[..len]).unwrap();
+    assert_eq!((kind, header.sender, header.chunk, header.nchunks, header.flags), (Kind::AgreeValue, 0, 1, last, FLAG_ANSWER));
+    let body = AgreeBody::from_bytes(&buf[HDR_LEN..len]).unwrap();
+    assert_eq!((f64::from_bits(body.value), body.incarnation, len), (0.25, 9, HDR_LEN + 16));
+    // Nothing more at rank 0's socket; its host's counters say what XDP did.
+    assert!(hosts[0].0.recv(&mut buf, Instant::now() + Duration::from_millis(50)).unwrap().is_none());
+    let stats = hosts[0].1.agree_stats().unwrap();
+    let stat = |name: &str| stats[ASTAT_NAMES.iter().position(|n| *n == name).unwrap()];
+    assert_eq!((stat("folded"), stat("quorums"), stat("answered")), (1, 1, 1), "{stats:?}");
+    windows.disarm_agree();
+}
