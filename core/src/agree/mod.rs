@@ -421,12 +421,17 @@ impl Comm {
         self.send_agree_all(run, false)
     }
 
-    /// Sends this rank's value of its phase to every rank that has not been
-    /// heard in that phase (all of them on the first send).
+    /// Sends this rank's value of its phase to every other rank; decided,
+    /// its final value to every rank not known to have decided.
+    ///
+    /// Every rank, not only those not heard from in the phase: having heard
+    /// from a rank says nothing of whether it heard from us, and three
+    /// ranks that each heard only the next one would wait for each other
+    /// forever.
     fn send_agree_all(&mut self, run: &Run, retransmit: bool) -> Result<()> {
         let flags = if retransmit { FLAG_RETRANSMIT } else { 0 };
         for rank in 0..self.size() {
-            let needed = if run.phase == run.last { !run.decided[rank] } else { !self.agree_heard(run, rank) };
+            let needed = run.phase != run.last || !run.decided[rank];
             if rank != self.rank() && needed {
                 self.send_agree(run, rank, flags)?;
                 if retransmit {
