@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # AggBox's main job on one machine: set-up, build, a 4-host virtual cluster,
-# the collectives that exist so far (barrier, broadcast, the reductions, key-value reduce) run by C programs
+# the collectives that exist so far (barrier, broadcast, the reductions, key-value reduce, approximate
+# agreement with crash recovery) run by C programs
 # through the kernel datapath and the user datapath, what ran where and how
 # long it took, then tear-down. Needs root.
 set -euo pipefail
@@ -49,6 +50,40 @@ for datapath in kernel user; do
   run_everywhere allreduce "$datapath" 1 1000 1048576
   echo "== word count of /usr/share/common-licenses, split across $HOSTS ranks, $datapath datapath: each rank's words and the three most frequent of those it owns (examples/c/wordcount.c)"
   run_everywhere wordcount "$datapath" /usr/share/common-licenses/*
+done
+
+# Approximate agreement on every host with datapath $1 while rank
+# HOSTS-1 is killed forever and rank 1 is killed and started again
+# (examples/c/agree.c; an `aggbox store` lets the restarted rank rejoin).
+agree_with_crashes() {
+  local datapath=$1 out pids=() store
+  out=$(mktemp -d)
+  ip netns exec "$PREFIX-h0" "$aggbox" store --world-size "$HOSTS" --addr 10.77.0.1 --port 29600 >/dev/null &
+  store=$!
+  start() {
+    RANK=$1 WORLD_SIZE=$HOSTS MASTER_ADDR=10.77.0.1 MASTER_PORT=29600 AGGBOX_STORE=external AGGBOX_PORT=47600 \
+      AGGBOX_DATAPATH=$datapath ip netns exec "$PREFIX-h$1" examples/c/agree "$(($1 * 1000000 / (HOSTS - 1)))" \
+      "$out/store$1" 1 1e-6 0 1000000 500 >>"$out/$1" 2>&1 &
+    pids[$1]=$!
+  }
+  for ((i = 0; i < HOSTS; i++)); do start "$i"; done
+  for ((i = 0; i < HOSTS; i++)); do
+    until grep -q joined "$out/$i" 2>/dev/null; do sleep 0.01; done
+  done
+  kill -9 "${pids[$((HOSTS - 1))]}" "${pids[1]}"
+  wait "${pids[$((HOSTS - 1))]}" "${pids[1]}" 2>/dev/null || true
+  echo "  killed rank $((HOSTS - 1)) for good and rank 1, which starts again from its store"
+  sleep 0.05
+  start 1
+  for ((i = 0; i < HOSTS - 1; i++)); do wait "${pids[$i]}" || true; done
+  kill "$store"
+  for ((i = 0; i < HOSTS; i++)); do grep -v joined "$out/$i" | sed "s/^/  host $PREFIX-h$i: /" || true; done
+  rm -rf "$out"
+}
+
+for datapath in kernel user; do
+  echo "== approximate agreement, $HOSTS ranks with f = 1, inputs 0 to 1e6, epsilon 1e-6, $datapath datapath, with a rank killed for good and another killed and restarted mid-agreement (examples/c/agree.c)"
+  agree_with_crashes "$datapath"
 done
 
 echo "== kernel vs user datapath, barrier latency on $HOSTS hosts (measured now)"
