@@ -139,6 +139,10 @@ pub struct Comm {
     pub(crate) closed: Vec<bool>,
     /// Ranks that an operation found dead.
     pub(crate) failed: Vec<bool>,
+    /// Longest wait for the others when closing, if shorter than the
+    /// timeout: set by an agreement, after which ranks may be gone for good
+    /// or restarting (docs/AGREEMENT.md).
+    pub(crate) close_wait: Option<Duration>,
 }
 
 impl Comm {
@@ -206,6 +210,7 @@ impl Comm {
             heard: vec![false; n],
             closed: vec![false; n],
             failed: vec![false; n],
+            close_wait: None,
         };
         // The first broadcast's root may send before this rank calls it.
         if let Some(windows) = comm.attachment.as_ref().and_then(|a| a.windows()).filter(|_| datapath == Datapath::Kernel) {
@@ -480,7 +485,10 @@ impl Comm {
         if self.size() == 1 {
             return;
         }
-        let deadline = self.deadline();
+        let deadline = match self.close_wait {
+            Some(wait) => Instant::now() + wait.min(self.config.timeout),
+            None => self.deadline(),
+        };
         let result = if self.rank() == 0 { self.close_root(deadline) } else { self.close_member(deadline) };
         if let Err(e) = result {
             tracing::warn!(rank = self.rank(), error = %e, "closing the communicator");

@@ -168,13 +168,16 @@ fn plan(rng: &mut Rng, n: usize, f: usize) -> (Vec<Kill>, Vec<bool>) {
         forever[rank] = true;
         kills.push(Kill { rank, at: Duration::from_millis(rng.below(150)), back: None });
     }
+    // Restarts end within about 600 ms of the start, well inside the
+    // survivors' linger (LINGER_MS after they decide), so a restarted rank
+    // always finds a rank that answers it.
     let restarted = 1 + rng.below(2) as usize;
     for &rank in &order[forever_count..forever_count + restarted] {
-        let mut at = Duration::from_millis(rng.below(120));
+        let mut at = Duration::from_millis(rng.below(100));
         for _ in 0..1 + rng.below(3) {
-            let down = Duration::from_millis(10 + rng.below(150));
+            let down = Duration::from_millis(10 + rng.below(90));
             kills.push(Kill { rank, at, back: Some(at + down) });
-            at += down + Duration::from_millis(20 + rng.below(150));
+            at += down + Duration::from_millis(20 + rng.below(80));
         }
     }
     (kills, forever)

@@ -271,12 +271,16 @@ impl Comm {
             self.user_stats.agreements += 1;
             self.agree.done = Some((seq, last, run.value, run.counter));
             // Ranks that did not say they decided may be down for good (up
-            // to f may): closing the communicator does not wait for them.
+            // to f may): closing the communicator does not wait for them,
+            // nor longer than the linger for the others (which may crash
+            // after deciding).
             for (rank, decided) in run.decided.iter().enumerate() {
                 if !decided {
                     self.failed[rank] = true;
                 }
             }
+            let wait = config.linger.max(Duration::from_millis(100));
+            self.close_wait = Some(self.close_wait.map_or(wait, |w| w.min(wait)));
         }
         result.map(|()| run.value)
     }
