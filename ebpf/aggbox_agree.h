@@ -160,6 +160,12 @@ static __always_inline int aggbox_xdp_agree_value(struct xdp_md *ctx, struct agg
 		__sync_fetch_and_sub(&ctl->inflight, 1);
 		goto pass;
 	}
+	if (hdr->nchunks != ctl->last) {
+		/* Another number of phases: a rank started with another
+		 * epsilon or other bounds. The process reports the mismatch. */
+		__sync_fetch_and_sub(&ctl->inflight, 1);
+		goto pass;
+	}
 
 	if (chunk == phase) {
 		/* Min and max first: a repeat re-folds the same value, harmless. */

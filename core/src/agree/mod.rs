@@ -362,9 +362,13 @@ impl Comm {
         };
         let value = f64::from_bits(body.value);
         let (sender, phase) = (got.header.sender as usize, got.header.chunk);
-        if got.header.nchunks != run.last || phase > run.last || value.is_nan() {
-            // Not a run of this agreement's parameters: a rank started
-            // with another ε or other bounds.
+        if got.header.nchunks != run.last {
+            return Err(Error::Mismatch(format!(
+                "agreement #{}: rank {sender} runs it in {} phases, this rank in {}: every rank must pass the same epsilon and bounds",
+                run.seq, got.header.nchunks, run.last
+            )));
+        }
+        if phase > run.last || value.is_nan() {
             self.user_stats.dropped_malformed += 1;
             return Ok(());
         }
@@ -629,6 +633,62 @@ mod tests {
             }
             assert_eq!(stats.agreements, 1);
             assert_eq!(stats.agree_phases + stats.agree_jumps, u64::from(phases(0.0, 1e6, 1e-6)), "rank {i}");
+        }
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn more_than_f_ranks_gone_is_an_error_naming_one_within_the_timeout() {
+        let dir = store_dir("gone");
+        let d = dir.clone();
+        let got = crate::comm::testing::ranks(3, 29_679, 5_000, move |rank, comm| {
+            if rank != 0 {
+                return None; // ranks 1 and 2 leave before the agreement
+            }
+            let config = AgreeConfig {
+                f: 1,
+                lo: 0.0,
+                hi: 1.0,
+                timeout: Some(Duration::from_millis(700)),
+                store: d.join("rank0"),
+                ..AgreeConfig::default()
+            };
+            let start = Instant::now();
+            let result = comm.agree(&config, 0.5);
+            Some((result, start.elapsed()))
+        });
+        let (result, took) = got[0].as_ref().unwrap();
+        match result {
+            Err(Error::PeerFailed { rank, what }) => {
+                assert!(*rank == 1 || *rank == 2, "{rank}: {what}");
+                assert!(what.contains("phase 0") && what.contains("1 of the 2 values"), "{what}");
+            }
+            other => panic!("expected PeerFailed, got {other:?}"),
+        }
+        assert!(*took < Duration::from_secs(3), "gave up after {took:?}");
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn ranks_with_another_epsilon_are_a_mismatch_on_every_rank() {
+        let dir = store_dir("mismatch");
+        let d = dir.clone();
+        let got = crate::comm::testing::ranks(3, 29_678, 5_000, move |rank, comm| {
+            let epsilon = if rank == 2 { 1e-3 } else { 1e-6 };
+            let config = AgreeConfig {
+                f: 1,
+                epsilon,
+                lo: 0.0,
+                hi: 1.0,
+                timeout: Some(Duration::from_secs(2)),
+                store: d.join(format!("rank{rank}")),
+                ..AgreeConfig::default()
+            };
+            comm.agree(&config, rank as f64 / 2.0).map_err(|e| e.to_string())
+        });
+        for (rank, result) in got.iter().enumerate() {
+            let err = result.as_ref().unwrap_err();
+            assert!(err.contains("mismatched") && err.contains("same epsilon and bounds"), "rank {rank}: {err}");
         }
         std::fs::remove_dir_all(&dir).unwrap();
     }
