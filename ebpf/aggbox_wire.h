@@ -79,7 +79,7 @@ struct aggbox_agree_body {
 
 /* Header flags. */
 #define AGGBOX_FLAG_RETRANSMIT 0x0001 /* this datagram repeats an earlier one */
-#define AGGBOX_FLAG_FANOUT 0x0002 /* BCAST_DATA: TC egress clones it to every member;
+#define AGGBOX_FLAG_FANOUT 0x0002 /* BCAST_DATA, AGREE_VALUE: TC egress clones it to every member;
 				     * RED_RESULT: XDP made it, TC ingress sends it to every member */
 #define AGGBOX_FLAG_GROUP 0x0004 /* BCAST_ACK: every receiver holds chunks [0, chunk) */
 #define AGGBOX_FLAG_MISMATCH 0x0008 /* BCAST_ABORT: the ranks' calls disagree */

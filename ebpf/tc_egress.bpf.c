@@ -2,8 +2,8 @@
 /*
  * TC egress: checks what our communicators send (a malformed AggBox datagram
  * never reaches the wire) and clones each broadcast chunk a kernel root sent
- * once to every member of its group (aggbox_tc_fanout). Everything else
- * goes through untouched.
+ * once, and each agreement value a kernel rank sent once, to every member of
+ * its group (aggbox_tc_fanout). Everything else goes through untouched.
  */
 #include "aggbox_bcast.h"
 
@@ -21,7 +21,10 @@ int aggbox_tc_egress(struct __sk_buff *skb)
 	case AGGBOX_INVALID:
 		return TC_ACT_SHOT;
 	case AGGBOX_VALID:
-		if (skb->mark != AGGBOX_CLONE_MARK && pkt.hdr->kind == AGGBOX_KIND_BCAST_DATA &&
+		/* A broadcast chunk, or an agreement value a kernel rank sends
+		 * to every other rank once (docs/AGREEMENT.md). */
+		if (skb->mark != AGGBOX_CLONE_MARK &&
+		    (pkt.hdr->kind == AGGBOX_KIND_BCAST_DATA || pkt.hdr->kind == AGGBOX_KIND_AGREE_VALUE) &&
 		    (pkt.hdr->flags & AGGBOX_FLAG_FANOUT))
 			return aggbox_tc_fanout(skb, &pkt);
 		return TC_ACT_OK;

@@ -669,6 +669,11 @@ typedef struct aggbox_stats {
    */
   uint64_t agree_answers_sent;
   /**
+   * Phase values sent once for TC egress to clone to every other rank
+   * (the kernel datapath; repeats included).
+   */
+  uint64_t agree_fanouts;
+  /**
    * Times the communicator slept waiting for its socket (woken by a
    * datagram or a timer): its wake-ups.
    */

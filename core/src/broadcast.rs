@@ -994,7 +994,7 @@ impl Comm {
     /// interface's subnet (its clone gets the rank's own MAC, so a rank
     /// behind a router would lose it) and on another host (a clone to this
     /// host's own address would leave on the wire and never come back).
-    fn fanout_reaches_all(&self) -> bool {
+    pub(crate) fn fanout_reaches_all(&self) -> bool {
         let me = self.iface().ipv4;
         self.peers().iter().filter(|p| p.rank != self.rank()).all(|p| p.ipv4 != me && self.iface().reaches(p.ipv4))
     }

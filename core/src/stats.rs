@@ -84,6 +84,9 @@ pub struct UserStats {
     pub agree_quorums_from_kernel: u64,
     /// Values sent to ranks that lagged behind.
     pub agree_answers_sent: u64,
+    /// Phase values sent once for TC egress to clone to every other rank
+    /// (the kernel datapath; repeats included).
+    pub agree_fanouts: u64,
     /// Times the communicator slept waiting for its socket (woken by a
     /// datagram or a timer): its wake-ups.
     pub socket_waits: u64,

@@ -15,7 +15,8 @@ pub const HDR_LEN: usize = 40;
 pub const MAX_RANKS: usize = 256;
 /// Header flag: this datagram repeats an earlier one.
 pub const FLAG_RETRANSMIT: u16 = 0x0001;
-/// Header flag of `BCAST_DATA`: TC egress clones it to every member.
+/// Header flag of `BCAST_DATA` and `AGREE_VALUE`: TC egress clones it to
+/// every member.
 pub const FLAG_FANOUT: u16 = 0x0002;
 /// Header flag of `BCAST_ACK`: every receiver holds chunks `[0, chunk)`.
 pub const FLAG_GROUP: u16 = 0x0004;

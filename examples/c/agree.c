@@ -18,7 +18,7 @@
  * Prints on stdout, for scripts: `joined rank=R` once its communicator is
  * up, then
  *   rank=R size=S datapath=kernel|user value=V total_us=T phases=N jumps=N
- *     restarts=N values_on_socket=N quorums_from_kernel=N answers=N
+ *     restarts=N values_on_socket=N quorums_from_kernel=N answers=N fanouts=N
  * (V with 17 significant digits). On any error it prints the status and the
  * library's message on stderr and exits with 1.
  */
@@ -79,11 +79,12 @@ int main(int argc, char **argv) {
     aggbox_stats stats = {.size = sizeof stats};
     aggbox_comm_stats(comm, &stats);
     printf("rank=%d size=%d datapath=%s value=%.17g total_us=%.0f phases=%" PRIu64 " jumps=%" PRIu64
-           " restarts=%" PRIu64 " values_on_socket=%" PRIu64 " quorums_from_kernel=%" PRIu64 " answers=%" PRIu64 "\n",
+           " restarts=%" PRIu64 " values_on_socket=%" PRIu64 " quorums_from_kernel=%" PRIu64 " answers=%" PRIu64
+           " fanouts=%" PRIu64 "\n",
            aggbox_comm_rank(comm), aggbox_comm_size(comm),
            aggbox_comm_datapath(comm) == AGGBOX_DATAPATH_KERNEL ? "kernel" : "user", value, elapsed,
            stats.agree_phases, stats.agree_jumps, stats.agree_restarts, stats.agree_values_received,
-           stats.agree_quorums_from_kernel, stats.agree_answers_sent);
+           stats.agree_quorums_from_kernel, stats.agree_answers_sent, stats.agree_fanouts);
     fflush(stdout);
     aggbox_comm_destroy(comm);
     return 0;

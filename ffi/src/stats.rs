@@ -181,6 +181,9 @@ pub struct aggbox_stats {
     pub agree_quorums_from_kernel: u64,
     /// Values sent to ranks that lagged behind.
     pub agree_answers_sent: u64,
+    /// Phase values sent once for TC egress to clone to every other rank
+    /// (the kernel datapath; repeats included).
+    pub agree_fanouts: u64,
     /// Times the communicator slept waiting for its socket (woken by a
     /// datagram or a timer): its wake-ups.
     pub socket_waits: u64,
@@ -225,6 +228,7 @@ impl aggbox_stats {
             agree_values_received,
             agree_quorums_from_kernel,
             agree_answers_sent,
+            agree_fanouts,
             socket_waits,
         } = stats.user;
         aggbox_stats {
@@ -261,6 +265,7 @@ impl aggbox_stats {
             agree_values_received,
             agree_quorums_from_kernel,
             agree_answers_sent,
+            agree_fanouts,
             socket_waits,
         }
     }
@@ -316,6 +321,7 @@ impl aggbox_stats {
             agree_values_received,
             agree_quorums_from_kernel,
             agree_answers_sent,
+            agree_fanouts,
             socket_waits
         );
     }

@@ -343,6 +343,7 @@ fn crashes_restarts_and_loss_on_the_user_datapath() {
         let f = fields(line);
         assert_eq!(f["datapath"], "user");
         assert_eq!(number(&f, "quorums_from_kernel"), 0);
+        assert_eq!(number(&f, "fanouts"), 0);
     }
 }
 
@@ -355,6 +356,8 @@ fn crashes_restarts_and_loss_on_the_kernel_datapath() {
         assert_eq!(f["datapath"], "kernel");
         phases += number(&f, "phases");
         from_kernel += number(&f, "quorums_from_kernel");
+        // Every phase a rank entered was sent once, for TC egress to clone.
+        assert!(number(&f, "fanouts") >= number(&f, "phases") + number(&f, "jumps"), "{line}");
     }
     // XDP folded the phases and announced their quorums (the others were
     // completed by values XDP passed up, or skipped by jumping ahead).

@@ -28,7 +28,7 @@ use std::{
 use crate::{
     comm::{Backoff, Received},
     window::{AgreeArm, AgreeFolded, Windows},
-    wire::{AgreeBody, Header, Kind, AGREE_BODY_LEN, FLAG_ANSWER, FLAG_RETRANSMIT, HDR_LEN},
+    wire::{AgreeBody, Header, Kind, AGREE_BODY_LEN, FLAG_ANSWER, FLAG_FANOUT, FLAG_RETRANSMIT, HDR_LEN},
     Comm, Datapath, Error, Result,
 };
 use store::{fnv1a, Identity, Persisted, Store};
@@ -193,6 +193,8 @@ struct Run {
     /// XDP folds this rank's phases (the kernel datapath): the quorum and
     /// who was heard are in the window, not in `fold`.
     kernel: bool,
+    /// TC egress fans this rank's values out: one send per phase.
+    fanout: bool,
 }
 
 /// What the communicator keeps of its agreements between calls.
@@ -256,6 +258,7 @@ impl Comm {
             decided: vec![false; n],
             incarnation: vec![0; n],
             kernel: self.agree_windows().is_some(),
+            fanout: self.agree_windows().is_some() && self.fanout_reaches_all(),
         };
         run.decided[self.rank()] = true;
         run.fold.reset(self.rank(), run.value);
@@ -438,7 +441,17 @@ impl Comm {
     /// forever.
     fn send_agree_all(&mut self, run: &Run, retransmit: bool) -> Result<()> {
         let flags = if retransmit { FLAG_RETRANSMIT } else { 0 };
-        for rank in 0..self.size() {
+        let n = self.size();
+        if run.fanout && run.phase != run.last && n > 2 {
+            // One datagram: TC egress clones it to every other rank.
+            self.send_agree(run, (self.rank() + 1) % n, flags | FLAG_FANOUT)?;
+            self.user_stats.agree_fanouts += 1;
+            if retransmit {
+                self.user_stats.retransmits += 1;
+            }
+            return Ok(());
+        }
+        for rank in 0..n {
             let needed = run.phase != run.last || !run.decided[rank];
             if rank != self.rank() && needed {
                 self.send_agree(run, rank, flags)?;
