@@ -433,7 +433,8 @@ impl Comm {
     }
 
     /// Sends this rank's value of its phase to every other rank; decided,
-    /// its final value to every rank not known to have decided.
+    /// its final value to every other rank, and repeats of it to every rank
+    /// not known to have decided.
     ///
     /// Every rank, not only those not heard from in the phase: having heard
     /// from a rank says nothing of whether it heard from us, and three
@@ -452,7 +453,10 @@ impl Comm {
             return Ok(());
         }
         for rank in 0..n {
-            let needed = run.phase != run.last || !run.decided[rank];
+            // Decided: the first send goes to every rank, even those known
+            // to have decided, which may not know that this one did; the
+            // repeats only to those not known to have decided.
+            let needed = run.phase != run.last || !retransmit || !run.decided[rank];
             if rank != self.rank() && needed {
                 self.send_agree(run, rank, flags)?;
                 if retransmit {
