@@ -423,9 +423,9 @@ impl Comm {
 
     /// Moves to `phase` with `value`: persisted first, then sent to all.
     fn agree_enter(&mut self, store: &Store, run: &mut Run, phase: u32, value: f64) -> Result<()> {
+        store.save(&Persisted { state: value, phase, counter: run.counter })?;
         run.phase = phase;
         run.value = value;
-        store.save(&Persisted { state: value, phase, counter: run.counter })?;
         run.fold.reset(self.rank(), value);
         // Armed after the store, since XDP answers laggers with the value.
         self.agree_arm(run);
