@@ -295,11 +295,22 @@ fn seeds() -> u64 {
     std::env::var("AGGBOX_AGREE_SEEDS").ok().and_then(|s| s.parse().ok()).unwrap_or(50)
 }
 
-fn temp_dir(name: &str) -> PathBuf {
-    let dir = std::env::temp_dir().join(format!("aggbox-agree-{}-{name}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).unwrap();
-    dir
+/// A directory of stores, removed when dropped (also when a test fails).
+struct TempDir(PathBuf);
+
+impl TempDir {
+    fn new(name: &str) -> TempDir {
+        let dir = std::env::temp_dir().join(format!("aggbox-agree-{}-{name}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        TempDir(dir)
+    }
+}
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
 }
 
 /// Runs the seeds of both configurations on `datapath_of`; returns the
@@ -308,13 +319,13 @@ fn runs(datapath_of: DatapathOf, name: &str, count: u64) -> Vec<String> {
     let _serial = serial();
     let mut cluster = Cluster::temporary(HOSTS).unwrap();
     cluster.inject_faults(FaultSpec::percent(20.0, 5.0).reorder(5.0)).unwrap();
-    let dir = temp_dir(name);
+    let dir = TempDir::new(name);
     let mut reports = Vec::new();
     let (mut kills, mut restarts) = (0, 0);
     for seed in 0..count {
         for (n, f) in [(5, 2), (7, 3)] {
             let began = Instant::now();
-            let outcome = run(&cluster, &dir, n, f, datapath_of, seed);
+            let outcome = run(&cluster, &dir.0, n, f, datapath_of, seed);
             println!(
                 "{name} seed {seed} n {n} f {f}: {} kills, {} restarts, {} values, {} ms",
                 outcome.kills,
@@ -332,7 +343,6 @@ fn runs(datapath_of: DatapathOf, name: &str, count: u64) -> Vec<String> {
     assert!(dropped > 0, "the faults dropped frames");
     assert!(restarts > 0 && kills > restarts, "{kills} kills, {restarts} restarts");
     println!("{name}: {} runs, {kills} kills, {restarts} restarts, {dropped} frames dropped", count * 2);
-    std::fs::remove_dir_all(&dir).unwrap();
     reports
 }
 
