@@ -304,17 +304,19 @@ fn table_text(info: &GroupInfo) -> String {
     table
 }
 
-/// Sends the table on `stream`, waits (until `wait`) for the rank's READY
-/// and sends GO; returns whether the rank got the go.
-fn hand_out(stream: &mut TcpStream, table: &str, wait: Duration) -> bool {
-    if stream.write_all(table.as_bytes()).is_err() {
-        return false;
-    }
+/// Waits (until `wait`) for a rank's READY on `stream` after it got the
+/// table; returns whether it came.
+fn await_ready(stream: &mut TcpStream, wait: Duration) -> bool {
     stream.set_read_timeout(Some(wait)).ok();
     let mut line = String::new();
-    let ready = matches!(BufReader::new(&*stream).take(MAX_LINE).read_line(&mut line), Ok(n) if n > 0)
-        && line.trim() == READY;
-    ready && stream.write_all(format!("{GO}\n").as_bytes()).is_ok()
+    matches!(BufReader::new(&*stream).take(MAX_LINE).read_line(&mut line), Ok(n) if n > 0) && line.trim() == READY
+}
+
+/// Hands the table to one rank (a rejoin): the table, its READY, the go.
+fn hand_out(mut stream: TcpStream, table: &str, wait: Duration) -> bool {
+    stream.write_all(table.as_bytes()).is_ok()
+        && await_ready(&mut stream, wait)
+        && stream.write_all(format!("{GO}\n").as_bytes()).is_ok()
 }
 
 /// How long an external store waits for a rank to set up after it sent it
@@ -402,12 +404,21 @@ fn serve_store(listener: TcpListener, n: usize, stop: &AtomicBool) {
                 if peers.iter().all(Option::is_some) {
                     let Some(info) = draw_group(&mut peers) else { continue };
                     let table = table_text(&info);
-                    for (r, slot) in waiting.iter_mut().enumerate() {
-                        if let Some(mut s) = slot.take() {
-                            if !hand_out(&mut s, &table, STORE_READY_WAIT) {
-                                tracing::warn!("store: rank {r} did not get ready; it may rejoin");
-                            }
+                    // As rank 0 does: the table to everyone, every READY,
+                    // then the go, so the ranks set up at the same time.
+                    let mut streams: Vec<(usize, TcpStream)> =
+                        waiting.iter_mut().enumerate().filter_map(|(r, s)| s.take().map(|s| (r, s))).collect();
+                    streams.retain_mut(|(_, s)| s.write_all(table.as_bytes()).is_ok());
+                    let deadline = Instant::now() + STORE_READY_WAIT;
+                    streams.retain_mut(|(r, s)| {
+                        let ready = await_ready(s, remaining(deadline).unwrap_or(Duration::from_millis(1)));
+                        if !ready {
+                            tracing::warn!("store: rank {r} did not get ready; it may rejoin");
                         }
+                        ready
+                    });
+                    for (_, s) in &mut streams {
+                        let _ = s.write_all(format!("{GO}\n").as_bytes());
                     }
                     group = Some((info, table));
                 }
@@ -422,8 +433,16 @@ fn serve_store(listener: TcpListener, n: usize, stop: &AtomicBool) {
                     );
                     continue;
                 }
-                if !hand_out(&mut stream, table, STORE_READY_WAIT) {
-                    tracing::warn!("store: rank {rank} rejoined but did not get ready");
+                // Each rejoin in a thread of its own: a rank setting up (or
+                // killed while it does) holds up no other.
+                let table = table.clone();
+                let started = std::thread::Builder::new().name("aggbox-store-rejoin".into()).spawn(move || {
+                    if !hand_out(stream, &table, STORE_READY_WAIT) {
+                        tracing::warn!("store: rank {rank} rejoined but did not get ready");
+                    }
+                });
+                if let Err(e) = started {
+                    tracing::warn!("store: no thread for rank {rank}'s rejoin: {e}");
                 }
             }
         }
@@ -451,17 +470,24 @@ fn join(
     setup: impl FnOnce(&GroupInfo) -> Result<()>,
 ) -> Result<GroupInfo> {
     let n = config.world_size;
+    let external = config.store == StoreHost::External;
+    // Rank 0 is to blame when it hosts the store; an external store is no
+    // rank.
+    let store_failed = |what: String| {
+        if external {
+            Error::Timeout(what.replace("rank 0's store", "the store"))
+        } else {
+            Error::PeerFailed { rank: 0, what }
+        }
+    };
     let mut last_error: Option<io::Error> = None;
     let stream = loop {
         let Some(left) = remaining(deadline) else {
-            return Err(Error::PeerFailed {
-                rank: 0,
-                what: format!(
-                    "rendezvous: rank 0's store at {store} did not answer within {} ms (last error: {})",
-                    config.timeout.as_millis(),
-                    last_error.map_or_else(|| "none".to_string(), |e| e.to_string())
-                ),
-            });
+            return Err(store_failed(format!(
+                "rendezvous: rank 0's store at {store} did not answer within {} ms (last error: {})",
+                config.timeout.as_millis(),
+                last_error.map_or_else(|| "none".to_string(), |e| e.to_string())
+            )));
         };
         match TcpStream::connect_timeout(&store.into(), left) {
             Ok(stream) => break stream,
@@ -471,12 +497,11 @@ fn join(
             }
         }
     };
-    let timeout_error = || Error::PeerFailed {
-        rank: 0,
-        what: format!(
+    let timeout_error = || {
+        store_failed(format!(
             "rendezvous: rank 0's store at {store} did not send the table and the go within {} ms (have all {n} ranks started?)",
             config.timeout.as_millis()
-        ),
+        ))
     };
     let mut writer = stream.try_clone().map_err(|e| Error::system("rendezvous socket", e))?;
     writeln!(writer, "{HELLO} {STORE_VERSION} {n} {}", me.to_line())

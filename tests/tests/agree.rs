@@ -85,7 +85,7 @@ impl Incarnation {
             .env("AGGBOX_STORE", "external")
             .env("AGGBOX_PORT", RANK_PORT.to_string())
             .env("AGGBOX_DATAPATH", datapath)
-            .env("AGGBOX_TIMEOUT_MS", "5000")
+            .env("AGGBOX_TIMEOUT_MS", "10000")
             .stdin(Stdio::null())
             .stdout(Stdio::piped());
         let mut child = command.spawn().expect("spawn a rank");
