@@ -496,6 +496,23 @@ pub(crate) fn load_xdp(obj: &mut aya::Ebpf) -> Result<&mut Xdp> {
     Ok(xdp)
 }
 
+/// How long attaching waits for the kernel to release an XDP link that was
+/// just unpinned.
+const XDP_RELEASE_WAIT: std::time::Duration = std::time::Duration::from_secs(2);
+
+/// Whether `e` (or an error it wraps) is EEXIST: the interface has an XDP
+/// program attached.
+fn is_eexist(e: &(dyn std::error::Error + 'static)) -> bool {
+    let mut next: Option<&(dyn std::error::Error + 'static)> = Some(e);
+    while let Some(err) = next {
+        if err.downcast_ref::<std::io::Error>().and_then(std::io::Error::raw_os_error) == Some(libc::EEXIST) {
+            return true;
+        }
+        next = err.source();
+    }
+    false
+}
+
 /// Loads the programs, attaches them to `iface` and pins links and maps in
 /// `dir`. Returns the XDP mode it got.
 fn attach_fresh(iface: &Interface, dir: &Path) -> Result<XdpAttachMode> {
@@ -503,15 +520,29 @@ fn attach_fresh(iface: &Interface, dir: &Path) -> Result<XdpAttachMode> {
 
     let mut xdp_obj = load_object(bpf::XDP_INGRESS, dir)?;
     let xdp = load_xdp(&mut xdp_obj).map_err(|e| e.context(&iface.name))?;
-    let (link_id, mode) = match xdp.attach_to_if_index(iface.index, XdpMode::Driver) {
-        Ok(id) => (id, XdpAttachMode::Driver),
-        Err(driver_err) => {
-            tracing::info!(iface = %iface.name, error = %driver_err, "no driver-mode XDP; using SKB mode");
-            let id = xdp.attach_to_if_index(iface.index, XdpMode::Skb).map_err(program_error(format!(
-                "attaching XDP to {} (driver mode: {driver_err}; SKB mode)",
-                iface.name
-            )))?;
-            (id, XdpAttachMode::Skb)
+    // A link that tear_down unpinned is released by a kernel work item, not
+    // at once: until it runs the interface still has that XDP program, and
+    // attaching fails with EEXIST (seen when a rank killed for good left its
+    // pins and the next process on its host reclaimed them). Wait for it.
+    let release_by = std::time::Instant::now() + XDP_RELEASE_WAIT;
+    let releasing = |e: &aya::programs::ProgramError| is_eexist(e) && std::time::Instant::now() < release_by;
+    let (link_id, mode) = loop {
+        match xdp.attach_to_if_index(iface.index, XdpMode::Driver) {
+            Ok(id) => break (id, XdpAttachMode::Driver),
+            Err(e) if releasing(&e) => std::thread::sleep(std::time::Duration::from_millis(5)),
+            Err(driver_err) => {
+                tracing::info!(iface = %iface.name, error = %driver_err, "no driver-mode XDP; using SKB mode");
+                match xdp.attach_to_if_index(iface.index, XdpMode::Skb) {
+                    Ok(id) => break (id, XdpAttachMode::Skb),
+                    Err(e) if releasing(&e) => std::thread::sleep(std::time::Duration::from_millis(5)),
+                    Err(e) => {
+                        return Err(program_error(format!(
+                            "attaching XDP to {} (driver mode: {driver_err}; SKB mode)",
+                            iface.name
+                        ))(e))
+                    }
+                }
+            }
         }
     };
     let link = xdp.take_link(link_id).map_err(program_error("XDP link".into()))?;
@@ -881,5 +912,17 @@ mod tests {
         let first = process_start_time(me).unwrap();
         assert_eq!(process_start_time(me), Some(first));
         assert_eq!(process_start_time(u32::MAX), None);
+    }
+
+    #[test]
+    fn eexist_is_found_through_the_error_chain() {
+        #[derive(Debug, thiserror::Error)]
+        #[error("`bpf_link_create` failed")]
+        struct Wrapper(#[source] std::io::Error);
+        let exists = std::io::Error::from_raw_os_error(libc::EEXIST);
+        assert!(is_eexist(&exists));
+        assert!(is_eexist(&Wrapper(std::io::Error::from_raw_os_error(libc::EEXIST))));
+        assert!(!is_eexist(&Wrapper(std::io::Error::from_raw_os_error(libc::EPERM))));
+        assert!(!is_eexist(&std::fmt::Error));
     }
 }
