@@ -82,6 +82,16 @@ enum Command {
         /// PAIRS DISTINCT.
         args: Vec<usize>,
     },
+    /// Run as one rank of the XDP floor of `bench kv`: the same batches,
+    /// sent to a trivial XDP program that drops and counts them.
+    #[command(hide = true)]
+    RankKvFloor {
+        /// Timed rounds.
+        #[arg(long, default_value_t = 3)]
+        rounds: usize,
+        /// PAIRS DISTINCT COMBINE PORT.
+        args: Vec<usize>,
+    },
 }
 
 #[derive(Subcommand)]
@@ -174,6 +184,7 @@ fn run(cli: Cli) -> Result<ExitCode, String> {
         Command::RankBcast { rounds, sizes } => bench::rank_bcast(rounds, &sizes).map(|()| ExitCode::SUCCESS),
         Command::RankAllreduce { rounds, counts } => bench::rank_allreduce(rounds, &counts).map(|()| ExitCode::SUCCESS),
         Command::RankKv { rounds, args } => bench::rank_kv(rounds, &args).map(|()| ExitCode::SUCCESS),
+        Command::RankKvFloor { rounds, args } => bench::rank_kv_floor(rounds, &args).map(|()| ExitCode::SUCCESS),
     }
 }
 

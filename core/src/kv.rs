@@ -49,6 +49,9 @@ use crate::{
     Datapath, Error, Result,
 };
 
+#[path = "kvfloor.rs"]
+pub mod floor;
+
 /// The smallest key maximum a [`KvConfig`] may set.
 pub const KEY_MAX_MIN: usize = 32;
 /// The largest key maximum a [`KvConfig`] may set (a pair must fit one
