@@ -83,6 +83,9 @@ pub enum Bench {
         /// Timed operations per datapath (after one untimed).
         #[arg(long, default_value_t = 3)]
         rounds: usize,
+        /// The kernel table's capacity (`kernel_capacity`) of each owner.
+        #[arg(long, default_value_t = 1 << 20)]
+        capacity: usize,
     },
     /// Barrier latency on N hosts, kernel vs user datapath.
     Barrier {
@@ -118,7 +121,7 @@ pub fn run(bench: Bench) -> Result<(), String> {
         Bench::Tcp { seconds, rounds } => tcp(seconds, rounds),
         Bench::Broadcast { hosts, mtu, rounds, no_mpi } => broadcast(hosts, mtu, rounds, !no_mpi),
         Bench::Allreduce { hosts, mtu, rounds, no_mpi } => allreduce(hosts, mtu, rounds, !no_mpi),
-        Bench::Kv { hosts, pairs, distinct, rounds } => kv(hosts, pairs, distinct, rounds),
+        Bench::Kv { hosts, pairs, distinct, rounds, capacity } => kv(hosts, pairs, distinct, rounds, capacity),
         Bench::Barrier { hosts, barriers, faults } => {
             let faults = faults.map(|f| crate::parse_faults(&f)).transpose()?;
             barrier(hosts, barriers, faults)
@@ -2138,14 +2141,15 @@ fn kv_input(me: usize, n: usize, pairs: usize, distinct: usize) -> (Vec<u8>, Vec
 }
 
 /// One rank of `bench kv` (the hidden `rank-kv` command, `PAIRS DISTINCT
-/// COMBINE`): its share of `pairs` Zipf keys over `distinct` ids (`w<id>`,
-/// value 1), combined on the mapper when COMBINE is 1, one untimed
+/// COMBINE CAPACITY`): its share of `pairs` Zipf keys over `distinct` ids
+/// (`w<id>`, value 1), combined on the mapper when COMBINE is 1, a kernel
+/// table of CAPACITY keys, one untimed
 /// and `rounds` timed SUM operations, after a barrier each; one line per
 /// operation: `kv round=… us=… owned=… count=… local=… kernel=… spilled=…
 /// user=…` (`count`: the sum of the values this rank owns).
 pub fn rank_kv(rounds: usize, args: &[usize]) -> Result<(), String> {
     use aggbox_core::{kv::KvConfig, Comm};
-    let [pairs, distinct, combine] = args else { return Err("rank-kv takes PAIRS DISTINCT COMBINE".into()) };
+    let [pairs, distinct, combine, capacity] = args else { return Err("rank-kv takes PAIRS DISTINCT COMBINE CAPACITY".into()) };
     let err = |e: aggbox_core::Error| e.to_string();
     let env = |name: &str| -> usize { std::env::var(name).ok().and_then(|v| v.parse().ok()).unwrap_or(0) };
     let (me, n) = (env("RANK"), env("WORLD_SIZE").max(1));
@@ -2153,7 +2157,7 @@ pub fn rank_kv(rounds: usize, args: &[usize]) -> Result<(), String> {
     let (keys, lens) = kv_input(me, n, *pairs, *distinct);
     let values = vec![1u64; lens.len()];
     let mut comm = Comm::from_env().map_err(err)?;
-    let config = KvConfig { key_max: 32, kernel_capacity: 1 << 20, combine: *combine != 0, ..KvConfig::default() };
+    let config = KvConfig { key_max: 32, kernel_capacity: *capacity, combine: *combine != 0, ..KvConfig::default() };
     for round in 0..=rounds {
         comm.barrier().map_err(err)?;
         let start = std::time::Instant::now();
@@ -2274,8 +2278,18 @@ struct KvRun {
     batches: f64,
 }
 
-fn kv_run(cluster: &Cluster, datapath: &str, combine: bool, pairs: usize, distinct: usize, rounds: usize, port: u16) -> Result<KvRun, String> {
-    let children = spawn_ranks(cluster, datapath, "rank-kv", rounds, &[pairs, distinct, usize::from(combine)], port)?;
+#[allow(clippy::too_many_arguments)]
+fn kv_run(
+    cluster: &Cluster,
+    datapath: &str,
+    combine: bool,
+    pairs: usize,
+    distinct: usize,
+    rounds: usize,
+    capacity: usize,
+    port: u16,
+) -> Result<KvRun, String> {
+    let children = spawn_ranks(cluster, datapath, "rank-kv", rounds, &[pairs, distinct, usize::from(combine), capacity], port)?;
     let mut outputs = Vec::new();
     for child in children {
         let out = child.wait_with_output().map_err(|e| e.to_string())?;
@@ -2358,11 +2372,13 @@ fn kv_floor_run(cluster: &Cluster, combine: bool, pairs: usize, distinct: usize,
 }
 
 /// `aggbox bench kv`.
-pub fn kv(hosts: usize, pairs: usize, distinct: usize, rounds: usize) -> Result<(), String> {
+pub fn kv(hosts: usize, pairs: usize, distinct: usize, rounds: usize, capacity: usize) -> Result<(), String> {
     let cluster = Cluster::temporary(hosts).map_err(|e| e.to_string())?;
     println!(
         "key-value reduce (word count: {pairs} pairs, {distinct} distinct Zipf keys, value 1, SUM) on {hosts} hosts, MTU 1500; \
-         the slowest rank's time per operation, median of {rounds}; the counts of every operation checked to add up"
+         the slowest rank's time per operation, median of {rounds}; the counts of every operation checked to add up; \
+         kernel table: {} of capacity {capacity}",
+        if std::env::var("AGGBOX_KV_TABLE").is_ok_and(|v| v == "array") { "open-addressing array" } else { "BPF hash map" }
     );
     let mut medians = Vec::new();
     let mut sent_per_op = Vec::new();
@@ -2372,7 +2388,7 @@ pub fn kv(hosts: usize, pairs: usize, distinct: usize, rounds: usize) -> Result<
             .into_iter()
             .enumerate()
     {
-        let run = kv_run(&cluster, datapath, combine, pairs, distinct, rounds, 29_520 + k as u16)?;
+        let run = kv_run(&cluster, datapath, combine, pairs, distinct, rounds, capacity, 29_520 + k as u16)?;
         let t = median(&mut run.slowest.clone());
         medians.push(t);
         let sent = run.kernel + run.spilled + run.user;

@@ -79,7 +79,7 @@ enum Command {
         /// Timed operations.
         #[arg(long, default_value_t = 3)]
         rounds: usize,
-        /// PAIRS DISTINCT.
+        /// PAIRS DISTINCT COMBINE CAPACITY.
         args: Vec<usize>,
     },
     /// Run as one rank of the XDP floor of `bench kv`: the same batches,

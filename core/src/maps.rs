@@ -31,6 +31,9 @@ pub mod names {
     pub const REDRES: &str = "ab_redres";
     /// Key-value reduce: each communicator's kernel table (array of maps).
     pub const KVTABS: &str = "ab_kvtabs";
+    /// Key-value reduce: each communicator's open-addressing array table
+    /// (array of maps), when it folds into one.
+    pub const KVARRS: &str = "ab_kvarrs";
     /// Key-value reduce: each communicator's arming.
     pub const KVCTL: &str = "ab_kvctl";
     /// Key-value reduce: each (communicator, mapper)'s window of batch numbers.
@@ -42,9 +45,9 @@ pub mod names {
     /// Key-value reduce's fold stage, for tail calls.
     pub const KVPROGS: &str = "ab_kvprogs";
     /// Every pinned map.
-    pub const ALL: [&str; 19] = [
+    pub const ALL: [&str; 20] = [
         PORTS, GROUPS, MEMBERS, USERS, STATS, BSTATS, CTL, RXWIN, TXWIN, REDWIN, RSTATS, REDPROGS, REDRES, KVTABS,
-        KVCTL, KVWIN, KVCOUNT, KVSTATS, KVPROGS,
+        KVCTL, KVWIN, KVCOUNT, KVSTATS, KVPROGS, KVARRS,
     ];
 }
 
