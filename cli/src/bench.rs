@@ -2378,7 +2378,7 @@ pub fn kv(hosts: usize, pairs: usize, distinct: usize, rounds: usize, capacity: 
         "key-value reduce (word count: {pairs} pairs, {distinct} distinct Zipf keys, value 1, SUM) on {hosts} hosts, MTU 1500; \
          the slowest rank's time per operation, median of {rounds}; the counts of every operation checked to add up; \
          kernel table: {} of capacity {capacity}",
-        if std::env::var("AGGBOX_KV_TABLE").is_ok_and(|v| v == "array") { "open-addressing array" } else { "BPF hash map" }
+        if aggbox_core::kv::array_table_wanted() { "open-addressing array" } else { "BPF hash map (AGGBOX_KV_TABLE=hash)" }
     );
     let mut medians = Vec::new();
     let mut sent_per_op = Vec::new();

@@ -436,11 +436,12 @@ pub struct KvSlot {
     pub words: [u64; KERNEL_KEY / 8],
 }
 
-/// Which kernel table the kernel datapath folds into: the BPF hash map
-/// (what ships), or, with `AGGBOX_KV_TABLE=array` in the environment (for
-/// `aggbox bench kv`), an open-addressing array (docs/KV.md).
-fn array_table_wanted() -> bool {
-    std::env::var("AGGBOX_KV_TABLE").is_ok_and(|v| v == "array")
+/// Which kernel table the kernel datapath folds into: the open-addressing
+/// array (the default: measured faster, docs/BENCHMARKS.md), or, with
+/// `AGGBOX_KV_TABLE=hash` in the environment, a BPF hash map per
+/// operation (what came first; `aggbox bench kv` compares the two).
+pub fn array_table_wanted() -> bool {
+    std::env::var("AGGBOX_KV_TABLE").map_or(true, |v| v != "hash")
 }
 
 /// An open-addressing array table, mapped into the process: XDP fills its
