@@ -47,7 +47,7 @@
 #define AGGBOX_KVTAB_HASH 0
 #define AGGBOX_KVTAB_ARRAY 1
 /* Slots an array table's fold looks at for a key before the pair spills. */
-#define AGGBOX_KV_PROBES 8
+#define AGGBOX_KV_PROBES 16
 /* A slot's tag: 0 empty, BUSY while its key is written, else the key's
  * hash with the low 16 bits replaced by (length << 2 | 2). */
 #define AGGBOX_KVSLOT_BUSY 1

@@ -2380,6 +2380,34 @@ pub fn kv(hosts: usize, pairs: usize, distinct: usize, rounds: usize, capacity: 
          kernel table: {} of capacity {capacity}",
         if aggbox_core::kv::array_table_wanted() { "open-addressing array" } else { "BPF hash map (AGGBOX_KV_TABLE=hash)" }
     );
+    // What one owner's fold costs per pair, without the network: the
+    // batches owner 0 gets in one operation, folded by XDP ingress under
+    // BPF_PROG_TEST_RUN into each kernel table, and by the user datapath's
+    // table in this process.
+    for combine in [false, true] {
+        use aggbox_core::{kv::floor, Dtype, ReduceOp};
+        let mut batches = Vec::new();
+        for m in 1..hosts {
+            let (keys, lens) = kv_input(m, hosts, pairs, distinct);
+            let values = vec![1u64; lens.len()];
+            let chunk = aggbox_core::wire::chunk_size(1500);
+            batches.extend(
+                floor::pack_batches(&keys, &lens, &values, hosts, m, chunk, combine, Dtype::I64, ReduceOp::Sum)
+                    .into_iter()
+                    .filter(|b| b.owner == 0),
+            );
+        }
+        let c = floor::fold_cost(&batches).map_err(|e| e.to_string())?;
+        println!(
+            "fold per pair at one owner{} ({} batches, {:.2} M pairs; BPF_PROG_TEST_RUN, no network): XDP into the hash map {:.0} ns, into the array table {:.0} ns; the user datapath's table {:.0} ns (every table checked against a plain loop)",
+            if combine { ", combined batches" } else { "" },
+            c.batches,
+            c.pairs as f64 / 1e6,
+            c.xdp_hash_ns,
+            c.xdp_array_ns,
+            c.user_ns,
+        );
+    }
     let mut medians = Vec::new();
     let mut sent_per_op = Vec::new();
     let mut batches_per_op = Vec::new();

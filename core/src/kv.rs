@@ -73,6 +73,9 @@ pub const KERNEL_WINDOW: usize = 32;
 /// Keys a mapper's combining table holds per owner before it sends them.
 pub const COMBINE_MAX: usize = 1 << 15;
 
+/// How often an owner on the kernel datapath reads what XDP counted while
+/// a mapper's `KV_FIN` waits for it.
+const KERNEL_POLL: Duration = Duration::from_millis(1);
 /// First retransmission timeout of a mapper's batches.
 const KV_RTO_INITIAL: Duration = Duration::from_millis(4);
 /// The largest.
@@ -1097,7 +1100,7 @@ impl Comm {
         let me = self.rank();
         let Some(op) = self.kv.op.as_ref() else { return Ok(()) };
         let Some(kop) = op.kernel.as_ref() else { return Ok(()) };
-        if only.is_none() && kop.read_at.elapsed() < Duration::from_millis(1) {
+        if only.is_none() && kop.read_at.elapsed() < KERNEL_POLL {
             return Ok(());
         }
         let waiting: Vec<usize> = (0..self.size())
@@ -1165,7 +1168,13 @@ impl Comm {
             if self.kv_complete() {
                 break;
             }
-            let due = self.kv.op.as_ref().expect("open").backoff.due();
+            let mut due = self.kv.op.as_ref().expect("open").backoff.due();
+            if self.kv_kernel_waiting() {
+                // XDP counts the batches still missing, and nothing wakes
+                // this process when it has: look again within 1 ms, not at
+                // the retransmission timeout (up to 50 ms).
+                due = due.min(Instant::now() + KERNEL_POLL);
+            }
             self.kv_progress(due)?;
             if self.kv.op.as_mut().expect("open").backoff.fire() {
                 self.kv_check_silent(timeout, silence)?;
@@ -1195,6 +1204,15 @@ impl Comm {
         }
         let stats = op.stats;
         Ok(op.table.into_result(stats))
+    }
+
+    /// Kernel datapath: whether a mapper's `KV_FIN` came and XDP has not
+    /// counted all its batches yet (as last read).
+    fn kv_kernel_waiting(&self) -> bool {
+        let me = self.rank();
+        let op = self.kv.op.as_ref().expect("open");
+        op.kernel.is_some()
+            && (0..self.size()).any(|m| m != me && op.streams[m].announced.is_some_and(|a| a != self.kv_counted(m)))
     }
 
     /// Whether the open operation is complete at this rank.

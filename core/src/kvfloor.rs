@@ -188,6 +188,160 @@ pub fn pack_batches(
     out
 }
 
+/// What folding the same batches cost, per pair, in each owner's table.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct FoldCost {
+    /// Batches folded (each table the same ones).
+    pub batches: usize,
+    /// Their pairs.
+    pub pairs: u64,
+    /// Mean ns per pair of XDP ingress with its fold stages (the kernel's
+    /// `BPF_PROG_TEST_RUN` duration of each batch, summed) into a BPF hash
+    /// map.
+    pub xdp_hash_ns: f64,
+    /// The same into the array table.
+    pub xdp_array_ns: f64,
+    /// Mean ns per pair of the user datapath's owner table (the batch
+    /// parsed and folded in this process, no socket).
+    pub user_ns: f64,
+}
+
+/// A `KV_DATA` frame from rank 1 (10.77.0.2:47002) to rank 0
+/// (10.77.0.1:47001) of group `group`: batch `batch` of operation `seq`.
+fn frame(group: u32, token: u64, seq: u32, batch: u32, b: &PackedBatch) -> Vec<u8> {
+    use crate::wire::{Header, Kind, HDR_LEN};
+    let mut header = Header::new(Kind::KvData, group, token, 1, seq);
+    header.dtype = Dtype::I64.code();
+    header.op = ReduceOp::Sum.code();
+    header.nchunks = 32;
+    header.chunk = batch;
+    header.count = b.pairs;
+    let udp_len = 8 + HDR_LEN + b.payload.len();
+    let mut f = vec![2, 0, 0, 0, 0, 1, 2, 0, 0, 0, 0, 2, 0x08, 0x00, 0x45, 0];
+    f.extend_from_slice(&(20 + udp_len as u16).to_be_bytes());
+    f.extend_from_slice(&[0, 1, 0x40, 0, 64, 17, 0, 0, 10, 77, 0, 2, 10, 77, 0, 1]);
+    let mut sum: u32 = f[14..34].chunks(2).map(|w| u32::from(u16::from_be_bytes([w[0], w[1]]))).sum();
+    while sum > 0xffff {
+        sum = (sum & 0xffff) + (sum >> 16);
+    }
+    f[24..26].copy_from_slice(&(!(sum as u16)).to_be_bytes());
+    f.extend_from_slice(&47_002u16.to_be_bytes());
+    f.extend_from_slice(&47_001u16.to_be_bytes());
+    f.extend_from_slice(&(udp_len as u16).to_be_bytes());
+    f.extend_from_slice(&[0, 0]);
+    let mut h = [0u8; HDR_LEN];
+    header.write_to(&mut h);
+    f.extend_from_slice(&h);
+    f.extend_from_slice(&b.payload);
+    f
+}
+
+/// Folds `batches` (i64 SUM, keys of at most 32 bytes, all to one owner)
+/// at an owner armed as the kernel datapath arms it, once into a BPF hash
+/// map and once into an array table, with XDP ingress run by
+/// `BPF_PROG_TEST_RUN` (no network, no other process), and once into the
+/// user datapath's table; checks that the three tables hold the same sums
+/// as a plain loop, and returns the cost per pair of each.
+pub fn fold_cost(batches: &[PackedBatch]) -> Result<FoldCost> {
+    use std::{collections::HashMap, os::fd::AsFd, time::Instant};
+
+    use super::{fold_batch, kvmap, ArrayTable, KvCtl, KvKey, KVTAB_ARRAY, KVTAB_HASH};
+    use crate::{
+        maps::{names, PortKey},
+        rendezvous::{GroupInfo, PeerInfo},
+        testrun::{test_run_timed, xdp},
+        Datapath,
+    };
+    const GROUP: u32 = 0x0a0b_0c0e;
+    const TOKEN: u64 = 0x0fed_cba9_8765_4321;
+    let dir = crate::loader::bpffs_root()?.join(format!("aggbox-kvfold-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).map_err(|e| Error::system(format!("creating {}", dir.display()), e))?;
+    let opened = (|| -> Result<_> {
+        let mut obj = crate::loader::load_object(bpf::XDP_INGRESS, &dir)?;
+        crate::loader::load_xdp(&mut obj)?;
+        let mut maps = crate::loader::SharedMaps::open(&dir)?;
+        let peer = |rank: usize, last: u8, port| PeerInfo {
+            rank,
+            ipv4: std::net::Ipv4Addr::new(10, 77, 0, last),
+            mac: [2, 0, 0, 0, 0, last],
+            port,
+            datapath: Datapath::Kernel,
+            mtu: 1500,
+        };
+        maps.insert_group(&GroupInfo { group: GROUP, token: TOKEN, peers: vec![peer(0, 1, 47_001), peer(1, 2, 47_002)] })?;
+        let port = PortKey { ipv4: u32::from(std::net::Ipv4Addr::new(10, 77, 0, 1)).to_be(), port: 47_001, reserved: 0 };
+        maps.insert_port(port, GROUP, 0)?;
+        let open = |name| kvmap::open_pinned(&dir.join(name));
+        Ok((obj, maps, open(names::KVCTL)?, open(names::KVTABS)?, open(names::KVARRS)?))
+    })();
+    crate::loader::tear_down(&dir);
+    let _ = std::fs::remove_dir(&dir);
+    let (obj, _maps, kvctl, kvtabs, kvarrs) = opened?;
+    let program = obj
+        .program(bpf::programs::XDP_INGRESS)
+        .and_then(|p| p.fd().ok())
+        .ok_or_else(|| Error::Internal("XDP ingress is not loaded".into()))?;
+
+    let mut want: HashMap<Vec<u8>, u64> = HashMap::new();
+    for b in batches {
+        let mut table = Table::new(Dtype::I64, ReduceOp::Sum);
+        fold_batch(&mut table, &b.payload, b.pairs, 32).ok_or_else(|| Error::Internal("a malformed batch".into()))?;
+        for (k, v) in table.pairs() {
+            *want.entry(k.to_vec()).or_default() += v;
+        }
+    }
+    let pairs: u64 = batches.iter().map(|b| u64::from(b.pairs)).sum();
+    let mut cost = FoldCost { batches: batches.len(), pairs, ..FoldCost::default() };
+    let arming = KvCtl { seq: 1, group: GROUP, rank: 0, key_max: 32, dtype: Dtype::I64.code(), op: 0, fold: 1, ..KvCtl::default() };
+    let capacity = (want.len() * 2).next_power_of_two().max(64); // as an owner of capacity want.len() makes it
+    for (round, kind) in [KVTAB_HASH, KVTAB_ARRAY].into_iter().enumerate() {
+        let mut got = Table::new(Dtype::I64, ReduceOp::Sum);
+        let hash = kvmap::create_hash("ab_kvtab", std::mem::size_of::<KvKey>() as u32, 8, capacity as u32, kvmap::BPF_F_NO_PREALLOC)?;
+        let mut array = ArrayTable::new(capacity)?;
+        let fd = |f: &std::os::fd::OwnedFd| std::os::fd::AsRawFd::as_raw_fd(f) as u32;
+        if kind == KVTAB_HASH {
+            kvmap::update(&kvtabs, &0u32, &fd(&hash), "ab_kvtabs")?;
+        } else {
+            kvmap::update(&kvarrs, &0u32, &fd(&array.fd), "ab_kvarrs")?;
+        }
+        kvmap::update(&kvctl, &0u32, &KvCtl { table: kind, mask: capacity as u32 - 1, ..arming }, "ab_kvctl")?;
+        let mut ns = 0u64;
+        for (i, b) in batches.iter().enumerate() {
+            let f = frame(GROUP, TOKEN, 1, (round * batches.len() + i + 1) as u32, b);
+            let (run, duration) = test_run_timed(program.as_fd(), &f, 1)?;
+            if run.retval != xdp::TX {
+                return Err(Error::Internal(format!("batch {i} was not folded whole (XDP verdict {})", run.retval)));
+            }
+            ns += u64::from(duration);
+        }
+        if kind == KVTAB_HASH {
+            kvmap::drain(&hash, std::mem::size_of::<KvKey>(), 8192, |key, value| {
+                let len = u32::from_ne_bytes(key[..4].try_into().expect("4 bytes")) as usize;
+                got.fold(&key[4..4 + len.min(KERNEL_KEY)], value);
+            })?;
+            cost.xdp_hash_ns = ns as f64 / pairs as f64;
+        } else {
+            array.drain(&mut got);
+            cost.xdp_array_ns = ns as f64 / pairs as f64;
+        }
+        let got: HashMap<Vec<u8>, u64> = got.pairs().map(|(k, v)| (k.to_vec(), v)).collect();
+        if got != want {
+            return Err(Error::Internal(format!("the {} table does not hold the plain loop's sums", ["hash", "array"][round])));
+        }
+    }
+    let mut user = Table::new(Dtype::I64, ReduceOp::Sum);
+    let start = Instant::now();
+    for b in batches {
+        fold_batch(&mut user, &b.payload, b.pairs, 32);
+    }
+    cost.user_ns = start.elapsed().as_nanos() as f64 / pairs as f64;
+    let user: HashMap<Vec<u8>, u64> = user.pairs().map(|(k, v)| (k.to_vec(), v)).collect();
+    if user != want {
+        return Err(Error::Internal("the user table does not hold the plain loop's sums".into()));
+    }
+    Ok(cost)
+}
+
 #[cfg(test)]
 mod tests {
     use std::collections::HashMap;
