@@ -3,9 +3,11 @@
  * Kernel folding of key-value reduce at a key's owner (docs/KV.md, "Kernel
  * datapath").
  *
- * The owner's process arms ab_kvctl[ctl] for an operation and puts a BPF
- * hash map of its own making (its capacity is the operation's
- * kernel_capacity) into ab_kvtabs[ctl]. For each KV_DATA of a group served
+ * The owner's process arms ab_kvctl[ctl] for an operation with a kernel
+ * table of its own making: an open-addressing array of slots
+ * (BPF_F_MMAPABLE, 2 x kernel_capacity slots, kept across operations) in
+ * ab_kvarrs[ctl], or a BPF hash map of kernel_capacity entries in
+ * ab_kvtabs[ctl] (AGGBOX_KV_TABLE=hash). For each KV_DATA of a group served
  * here, XDP ingress (aggbox_xdp_kv_data) looks the batch up in the mapper's
  * window of batch numbers (ab_kvwin, kept across operations): a batch
  * folded before is answered with a KV_ACK by XDP_TX (its ack was lost), one
@@ -13,10 +15,12 @@
  * A new batch of an operation not armed yet (its mapper began first) is
  * held off: dropped unacknowledged, so it comes again and is folded here.
  * A new batch of the armed operation is claimed (compare-and-swap) and the
- * fold stage (aggbox_xdp_kv_fold, tail-called, AGGBOX_KV_SEG pairs per run)
- * folds its pairs into the table: an atomic add on an existing key for SUM,
- * a compare-and-swap loop for MIN and MAX, an insert with BPF_NOEXIST (and a
- * second look when another CPU inserted the key first) for a new one. When
+ * fold stage (aggbox_xdp_kv_fold or aggbox_xdp_kv_fold_array, tail-called,
+ * AGGBOX_KV_SEG pairs per run) folds its pairs into the table: an atomic add
+ * on an existing key for SUM, a compare-and-swap loop for MIN and MAX; a new
+ * key claims an empty slot within AGGBOX_KV_PROBES (array; see
+ * aggbox_kv_fold_slot) or is inserted with BPF_NOEXIST (hash; a second look
+ * when another CPU inserted the key first). When
  * every pair is folded the batch is counted for its mapper (ab_kvcount) and
  * turned into its KV_ACK, sent back by XDP_TX: no process runs. A pair the
  * kernel cannot fold (a key longer than AGGBOX_KV_KEY, the table full, a
