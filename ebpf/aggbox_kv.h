@@ -83,7 +83,10 @@ struct aggbox_kvctl {
 };
 
 /* One slot of an open-addressing array table (BPF_F_MMAPABLE: the owner's
- * process reads and clears the slots in place at finish). */
+ * process reads and clears the slots in place at finish). The element after
+ * the last slot (index mask + 1) is the table's header: `tag` counts the
+ * keys claimed, `value` is the capacity (written by the process); a new key
+ * beyond it spills, as a full hash map refuses it. */
 struct aggbox_kvslot {
 	__u64 tag; /* see AGGBOX_KVSLOT_BUSY */
 	__u64 value;
@@ -439,9 +442,9 @@ static __always_inline __u64 aggbox_kv_slot_hash(const __u64 *w, __u32 len)
 static __always_inline int aggbox_kv_fold_slot(void *table, __u32 mask, const __u64 *w, __u32 len, __u64 v, __u8 dtype,
 					       __u8 op)
 {
-	struct aggbox_kvslot *e;
+	struct aggbox_kvslot *e, *head = 0;
 	__u64 h, tag, t, old;
-	__u32 idx, p;
+	__u32 idx, p, head_idx;
 	int i, max = op == AGGBOX_KV_MAX;
 
 	if (dtype == AGGBOX_KV_F64 && ((v >> 52) & 0x7ff) == 0x7ff && (v & 0xfffffffffffffULL))
@@ -457,7 +460,18 @@ static __always_inline int aggbox_kv_fold_slot(void *table, __u32 mask, const __
 			return -1;
 		t = *(volatile __u64 *)&e->tag;
 		if (t == 0) {
-			if (__sync_val_compare_and_swap(&e->tag, 0, AGGBOX_KVSLOT_BUSY) == 0) {
+			if (!head) {
+				head_idx = mask + 1;
+				head = bpf_map_lookup_elem(table, &head_idx);
+				if (!head)
+					return -1;
+			}
+			if (__sync_fetch_and_add(&head->tag, 1) >= head->value)
+				return -1; /* the capacity's worth of keys is in: full */
+			if (__sync_val_compare_and_swap(&e->tag, 0, AGGBOX_KVSLOT_BUSY) != 0) {
+				/* Another CPU claimed it first: give the count back. */
+				__sync_fetch_and_add(&head->tag, -1);
+			} else {
 				e->words[0] = w[0];
 				e->words[1] = w[1];
 				e->words[2] = w[2];

@@ -450,7 +450,8 @@ pub fn array_table_wanted() -> bool {
 /// An open-addressing array table, mapped into the process: XDP fills its
 /// slots, the process reads and clears them at finish. Kept across a
 /// communicator's operations (made anew when one fails, or needs more
-/// slots).
+/// slots). One element more than its slots: the header (keys claimed,
+/// capacity).
 struct ArrayTable {
     fd: OwnedFd,
     slots: usize,
@@ -465,10 +466,10 @@ impl ArrayTable {
         let fd = kvmap::create_array(
             "ab_kvarr",
             std::mem::size_of::<KvSlot>() as u32,
-            slots as u32,
+            slots as u32 + 1,
             kvmap::ARRAY_TABLE_FLAGS,
         )?;
-        let len = (slots * std::mem::size_of::<KvSlot>()).div_ceil(4096) * 4096;
+        let len = ((slots + 1) * std::mem::size_of::<KvSlot>()).div_ceil(4096) * 4096;
         // SAFETY: mapping a BPF_F_MMAPABLE array's value area, as the
         // kernel allows (shared, read-write); unmapped on drop.
         let map = unsafe {
@@ -485,6 +486,13 @@ impl ArrayTable {
             return Err(Error::system("mapping the kernel array table", std::io::Error::last_os_error()));
         }
         Ok(ArrayTable { fd, slots, map: map.cast(), len, dirty: false })
+    }
+
+    /// Sets the most keys XDP may claim (the header's value).
+    fn set_capacity(&mut self, capacity: usize) {
+        // SAFETY: the header element, inside the mapping; XDP only reads
+        // it while the table is armed.
+        unsafe { std::ptr::write_volatile(&mut (*self.map.add(self.slots)).value, capacity as u64) };
     }
 
     /// Folds every filled slot into `table` and empties it.
@@ -507,6 +515,8 @@ impl ArrayTable {
             }
             *slot = KvSlot::default();
         }
+        // SAFETY: the header element, inside the mapping.
+        unsafe { std::ptr::write_volatile(&mut (*self.map.add(self.slots)).tag, 0) };
         self.dirty = false;
     }
 }
@@ -615,6 +625,7 @@ impl KvKernel {
                     self.array = Some(ArrayTable::new(slots)?);
                 }
                 let array = self.array.as_mut().expect("made");
+                array.set_capacity(config.kernel_capacity);
                 let fd = std::os::fd::AsRawFd::as_raw_fd(&array.fd) as u32;
                 kvmap::update(&self.kvarrs, &self.ctl, &fd, "putting the kernel table in ab_kvarrs")?;
                 array.dirty = true;
@@ -641,13 +652,15 @@ impl KvKernel {
         if let Err(e) = kvmap::update(&self.kvctl, &self.ctl, &self.arming, "disarming ab_kvctl") {
             tracing::warn!(error = %e, "key-value reduce");
         }
-        let (tabs, what) = if self.arming.table == KVTAB_ARRAY {
-            (&self.kvarrs, "removing the kernel table from ab_kvarrs")
-        } else {
-            (&self.kvtabs, "removing the kernel table from ab_kvtabs")
-        };
-        if let Err(e) = kvmap::delete(tabs, &self.ctl, what) {
-            tracing::warn!(error = %e, "key-value reduce");
+        // From both: an arming that failed half-way may have put a table
+        // in either (an absent entry is no error).
+        for (tabs, what) in [
+            (&self.kvarrs, "removing the kernel table from ab_kvarrs"),
+            (&self.kvtabs, "removing the kernel table from ab_kvtabs"),
+        ] {
+            if let Err(e) = kvmap::delete(tabs, &self.ctl, what) {
+                tracing::warn!(error = %e, "key-value reduce");
+            }
         }
     }
 
@@ -1889,6 +1902,7 @@ mod tests {
 
         // 4 slots (mask 3): the probes reach every one.
         let mut array = ArrayTable::new(4).unwrap();
+        array.set_capacity(4);
         kvmap::update(&kvarrs, &0u32, &(std::os::fd::AsRawFd::as_raw_fd(&array.fd) as u32), "kvarrs").unwrap();
         let arming = KvCtl {
             seq: 1,
@@ -1924,6 +1938,15 @@ mod tests {
         max[42 + 15] = ReduceOp::Max.code();
         assert_eq!(run(&max).retval, xdp::TX);
         assert_eq!(drained(&mut array, ReduceOp::Max), own(&[(b"cat", 9), (b"owl", 3)]));
+
+        // A capacity of 2 keys: the third new key spills, though slots are free.
+        array.set_capacity(2);
+        kvmap::update(&kvctl, &0u32, &KvCtl { seq: 3, ..arming }, "kvctl").unwrap();
+        let out = run(&kv_frame(3, 5, &[(b"ant", 1), (b"bee", 2), (b"ant", 3), (b"cow", 1)]));
+        assert_eq!(out.retval, xdp::PASS);
+        let (h, _) = Header::read_from(&out.frame[42..]).unwrap();
+        assert_eq!(h.nchunks >> 16, 3, "ant, bee, ant folded; cow over the capacity");
+        assert_eq!(drained(&mut array, ReduceOp::Sum), own(&[(b"ant", 4), (b"bee", 2)]));
     }
 
     fn size_of_key() -> u32 {

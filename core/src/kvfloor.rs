@@ -298,6 +298,7 @@ pub fn fold_cost(batches: &[PackedBatch]) -> Result<FoldCost> {
         let mut got = Table::new(Dtype::I64, ReduceOp::Sum);
         let hash = kvmap::create_hash("ab_kvtab", std::mem::size_of::<KvKey>() as u32, 8, capacity as u32, kvmap::BPF_F_NO_PREALLOC)?;
         let mut array = ArrayTable::new(capacity)?;
+        array.set_capacity(want.len());
         let fd = |f: &std::os::fd::OwnedFd| std::os::fd::AsRawFd::as_raw_fd(f) as u32;
         if kind == KVTAB_HASH {
             kvmap::update(&kvtabs, &0u32, &fd(&hash), "ab_kvtabs")?;
