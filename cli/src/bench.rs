@@ -2165,6 +2165,7 @@ pub fn rank_kv(rounds: usize, args: &[usize]) -> Result<(), String> {
         comm.barrier().map_err(err)?;
         let start = std::time::Instant::now();
         comm.kv_begin(&config).map_err(err)?;
+        let begun = start.elapsed().as_micros();
         let (mut k, mut v) = (0, 0);
         while v < lens.len() {
             let end = (v + 65_536).min(lens.len());
@@ -2173,12 +2174,15 @@ pub fn rank_kv(rounds: usize, args: &[usize]) -> Result<(), String> {
             k += bytes;
             v = end;
         }
+        let emitted = start.elapsed().as_micros();
         let result = comm.kv_finish().map_err(err)?;
         let us = start.elapsed().as_micros();
         let count: u64 = result.iter().map(|(_, v)| v).sum();
         let s = result.stats();
         println!(
-            "kv round={round} us={us} owned={} count={count} local={} combined={} kernel={} spilled={} user={} unarmed={} retransmits={} batches={}",
+            "kv round={round} us={us} begin_us={begun} emit_us={} finish_us={} owned={} count={count} local={} combined={} kernel={} spilled={} user={} unarmed={} retransmits={} batches={}",
+            emitted - begun,
+            us - emitted,
             result.len(),
             s.pairs_local,
             s.pairs_combined,
@@ -2279,6 +2283,9 @@ struct KvRun {
     retransmits: f64,
     /// Batches sent (retransmissions not included).
     batches: f64,
+    /// Per timed operation, the slowest rank's begin, emit and finish, in
+    /// seconds.
+    phases: Vec<[f64; 3]>,
 }
 
 #[allow(clippy::too_many_arguments)]
@@ -2305,7 +2312,7 @@ fn kv_run(
     if lines.iter().any(|l| l.len() != rounds + 1) {
         return Err(format!("{datapath}: a rank did not report every operation"));
     }
-    let mut run = KvRun { slowest: Vec::new(), local: 0.0, combined: 0.0, kernel: 0.0, spilled: 0.0, user: 0.0, retransmits: 0.0, batches: 0.0 };
+    let mut run = KvRun { slowest: Vec::new(), local: 0.0, combined: 0.0, kernel: 0.0, spilled: 0.0, user: 0.0, retransmits: 0.0, batches: 0.0, phases: Vec::new() };
     for round in 0..=rounds {
         let count: f64 = lines.iter().map(|l| field(l[round], "count")).sum();
         if count != pairs as f64 {
@@ -2315,6 +2322,8 @@ fn kv_run(
             continue;
         }
         run.slowest.push(lines.iter().map(|l| field(l[round], "us")).fold(0.0, f64::max) / 1e6);
+        let slowest = |key: &str| lines.iter().map(|l| field(l[round], key)).fold(0.0, f64::max) / 1e6;
+        run.phases.push([slowest("begin_us"), slowest("emit_us"), slowest("finish_us")]);
         let sum = |key: &str| lines.iter().map(|l| field(l[round], key)).sum::<f64>();
         run.local += sum("local");
         run.combined += sum("combined");
@@ -2425,10 +2434,14 @@ pub fn kv(hosts: usize, pairs: usize, distinct: usize, rounds: usize, capacity: 
         let sent = run.kernel + run.spilled + run.user;
         sent_per_op.push(sent / rounds as f64);
         batches_per_op.push(run.batches / rounds as f64);
+        let phase = |i: usize| median(&mut run.phases.iter().map(|p| p[i]).collect::<Vec<_>>());
         println!(
-            "{name:<14} {:>8.3} s  {:>6.2} M pairs/s  {:.2} M pairs sent per operation ({:.0} batches): {:.0}% folded by XDP, {:.0}% spilled, {:.0}% by owners' processes; {:.0} retransmits per operation",
+            "{name:<14} {:>8.3} s  {:>6.2} M pairs/s  (slowest rank's begin {:.3} s, emit {:.3} s, finish {:.3} s)  {:.2} M pairs sent per operation ({:.0} batches): {:.0}% folded by XDP, {:.0}% spilled, {:.0}% by owners' processes; {:.0} retransmits per operation",
             t,
             pairs as f64 / t / 1e6,
+            phase(0),
+            phase(1),
+            phase(2),
             sent / rounds as f64 / 1e6,
             run.batches / rounds as f64,
             100.0 * run.kernel / sent.max(1.0),

@@ -620,14 +620,19 @@ impl KvKernel {
             }
             None => {
                 let slots = config.kernel_capacity.saturating_mul(2).next_power_of_two().clamp(64, ARRAY_SLOTS_MAX);
+                // The table stays in ab_kvarrs between operations (XDP
+                // folds into it only while armed): an update of an array
+                // of maps waits for an RCU grace period (synchronize_rcu
+                // in the bpf() call), 30 ms per operation as measured.
                 if self.array.as_ref().is_none_or(|a| a.dirty || a.slots != slots) {
                     self.array = None;
-                    self.array = Some(ArrayTable::new(slots)?);
+                    let array = ArrayTable::new(slots)?;
+                    let fd = std::os::fd::AsRawFd::as_raw_fd(&array.fd) as u32;
+                    kvmap::update(&self.kvarrs, &self.ctl, &fd, "putting the kernel table in ab_kvarrs")?;
+                    self.array = Some(array);
                 }
                 let array = self.array.as_mut().expect("made");
                 array.set_capacity(config.kernel_capacity);
-                let fd = std::os::fd::AsRawFd::as_raw_fd(&array.fd) as u32;
-                kvmap::update(&self.kvarrs, &self.ctl, &fd, "putting the kernel table in ab_kvarrs")?;
                 array.dirty = true;
                 (KVTAB_ARRAY, slots as u32 - 1)
             }
@@ -652,13 +657,11 @@ impl KvKernel {
         if let Err(e) = kvmap::update(&self.kvctl, &self.ctl, &self.arming, "disarming ab_kvctl") {
             tracing::warn!(error = %e, "key-value reduce");
         }
-        // From both: an arming that failed half-way may have put a table
-        // in either (an absent entry is no error).
-        for (tabs, what) in [
-            (&self.kvarrs, "removing the kernel table from ab_kvarrs"),
-            (&self.kvtabs, "removing the kernel table from ab_kvtabs"),
-        ] {
-            if let Err(e) = kvmap::delete(tabs, &self.ctl, what) {
+        // A hash table is the operation's: out of ab_kvtabs. The array
+        // table stays in ab_kvarrs for the next operation (disarmed, XDP
+        // folds nothing into it), until the communicator goes.
+        if !array_table_wanted() {
+            if let Err(e) = kvmap::delete(&self.kvtabs, &self.ctl, "removing the kernel table from ab_kvtabs") {
                 tracing::warn!(error = %e, "key-value reduce");
             }
         }
@@ -669,6 +672,16 @@ impl KvKernel {
         let mut value = KvCount::default();
         kvmap::lookup(&self.kvcount, &self.index(mapper), &mut value, "reading ab_kvcount")?;
         Ok(value)
+    }
+}
+
+impl Drop for KvKernel {
+    fn drop(&mut self) {
+        if self.array.is_some() {
+            if let Err(e) = kvmap::delete(&self.kvarrs, &self.ctl, "removing the kernel table from ab_kvarrs") {
+                tracing::warn!(error = %e, "key-value reduce");
+            }
+        }
     }
 }
 
