@@ -3,9 +3,11 @@
  * Kernel folding of key-value reduce at a key's owner (docs/KV.md, "Kernel
  * datapath").
  *
- * The owner's process arms ab_kvctl[ctl] for an operation and puts a BPF
- * hash map of its own making (its capacity is the operation's
- * kernel_capacity) into ab_kvtabs[ctl]. For each KV_DATA of a group served
+ * The owner's process arms ab_kvctl[ctl] for an operation with a kernel
+ * table of its own making: an open-addressing array of slots
+ * (BPF_F_MMAPABLE, 2 x kernel_capacity slots, kept across operations) in
+ * ab_kvarrs[ctl], or a BPF hash map of kernel_capacity entries in
+ * ab_kvtabs[ctl] (AGGBOX_KV_TABLE=hash). For each KV_DATA of a group served
  * here, XDP ingress (aggbox_xdp_kv_data) looks the batch up in the mapper's
  * window of batch numbers (ab_kvwin, kept across operations): a batch
  * folded before is answered with a KV_ACK by XDP_TX (its ack was lost), one
@@ -13,10 +15,12 @@
  * A new batch of an operation not armed yet (its mapper began first) is
  * held off: dropped unacknowledged, so it comes again and is folded here.
  * A new batch of the armed operation is claimed (compare-and-swap) and the
- * fold stage (aggbox_xdp_kv_fold, tail-called, AGGBOX_KV_SEG pairs per run)
- * folds its pairs into the table: an atomic add on an existing key for SUM,
- * a compare-and-swap loop for MIN and MAX, an insert with BPF_NOEXIST (and a
- * second look when another CPU inserted the key first) for a new one. When
+ * fold stage (aggbox_xdp_kv_fold or aggbox_xdp_kv_fold_array, tail-called,
+ * AGGBOX_KV_SEG pairs per run) folds its pairs into the table: an atomic add
+ * on an existing key for SUM, a compare-and-swap loop for MIN and MAX; a new
+ * key claims an empty slot within AGGBOX_KV_PROBES (array; see
+ * aggbox_kv_fold_slot) or is inserted with BPF_NOEXIST (hash; a second look
+ * when another CPU inserted the key first). When
  * every pair is folded the batch is counted for its mapper (ab_kvcount) and
  * turned into its KV_ACK, sent back by XDP_TX: no process runs. A pair the
  * kernel cannot fold (a key longer than AGGBOX_KV_KEY, the table full, a
@@ -40,8 +44,17 @@
 /* KV_DATA passed up by XDP: the first (nchunks >> 16) pairs are folded. */
 #define AGGBOX_FLAG_KV_SPILL 0x0020
 /* Tail-call targets in ab_kvprogs. */
-#define AGGBOX_KVPROG_FOLD 0
-#define AGGBOX_KVPROG_MAX 1
+#define AGGBOX_KVPROG_FOLD 0 /* into a BPF hash map (ab_kvtabs) */
+#define AGGBOX_KVPROG_FOLD_ARRAY 1 /* into an open-addressing array (ab_kvarrs) */
+#define AGGBOX_KVPROG_MAX 2
+/* aggbox_kvctl.table: the kind of the armed operation's kernel table. */
+#define AGGBOX_KVTAB_HASH 0
+#define AGGBOX_KVTAB_ARRAY 1
+/* Slots an array table's fold looks at for a key before the pair spills. */
+#define AGGBOX_KV_PROBES 16
+/* A slot's tag: 0 empty, BUSY while its key is written, else the key's
+ * hash with the low 16 bits replaced by (length << 2 | 2). */
+#define AGGBOX_KVSLOT_BUSY 1
 /* A window slot is (batch << 32 | state). */
 #define AGGBOX_KV_BUSY 1 /* being folded */
 #define AGGBOX_KV_DONE 2 /* folded and counted */
@@ -65,8 +78,19 @@ struct aggbox_kvctl {
 	__u8 dtype; /* as in the header */
 	__u8 op;
 	__u8 fold; /* 1: fold pairs; 0: spill every batch at its first pair (f64 SUM) */
-	__u8 reserved;
-	__u32 reserved2;
+	__u8 table; /* AGGBOX_KVTAB_*: where the armed operation's pairs go */
+	__u32 mask; /* AGGBOX_KVTAB_ARRAY: the table's slots - 1 (a power of 2) */
+};
+
+/* One slot of an open-addressing array table (BPF_F_MMAPABLE: the owner's
+ * process reads and clears the slots in place at finish). The element after
+ * the last slot (index mask + 1) is the table's header: `tag` counts the
+ * keys claimed, `value` is the capacity (written by the process); a new key
+ * beyond it spills, as a full hash map refuses it. */
+struct aggbox_kvslot {
+	__u64 tag; /* see AGGBOX_KVSLOT_BUSY */
+	__u64 value;
+	__u64 words[AGGBOX_KV_KEY / 8]; /* the key, zero-padded */
 };
 
 /* A key of the kernel table: its length and its bytes, zero-padded. */
@@ -99,8 +123,10 @@ struct aggbox_kv_scratch {
 	__u32 key_max;
 	__u8 dtype;
 	__u8 op;
-	__u8 reserved[6];
+	__u8 reserved[2];
+	__u32 mask; /* of an array table */
 	struct aggbox_kvkey key;
+	struct aggbox_kvslot cand; /* array table: the key in cand.words */
 };
 
 /* Key-value counters of the host: ab_kvstats[stat], per CPU. */
@@ -131,6 +157,23 @@ struct {
 	__uint(pinning, LIBBPF_PIN_BY_NAME);
 	__array(values, struct aggbox_kv_table);
 } ab_kvtabs SEC(".maps");
+
+/* The template of the tables in ab_kvarrs (any number of slots). */
+struct aggbox_kv_array {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(map_flags, BPF_F_MMAPABLE | BPF_F_INNER_MAP);
+	__uint(max_entries, 1);
+	__type(key, __u32);
+	__type(value, struct aggbox_kvslot);
+};
+
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY_OF_MAPS);
+	__uint(max_entries, AGGBOX_CTL_SLOTS);
+	__type(key, __u32);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+	__array(values, struct aggbox_kv_array);
+} ab_kvarrs SEC(".maps");
 
 struct {
 	__uint(type, BPF_MAP_TYPE_ARRAY);
@@ -301,11 +344,15 @@ static __always_inline int aggbox_xdp_kv_data(struct xdp_md *ctx, struct aggbox_
 	s->key_max = kc->key_max;
 	s->dtype = kc->dtype;
 	s->op = kc->op;
+	s->mask = kc->mask;
 	if (!kc->fold) {
 		*(volatile __u64 *)slot = ((__u64)b << 32) | AGGBOX_KV_SPILLED;
 		return aggbox_xdp_kv_spill(ctx, kc->key_max, 0);
 	}
-	bpf_tail_call(ctx, &ab_kvprogs, AGGBOX_KVPROG_FOLD);
+	if (kc->table == AGGBOX_KVTAB_ARRAY)
+		bpf_tail_call(ctx, &ab_kvprogs, AGGBOX_KVPROG_FOLD_ARRAY);
+	else
+		bpf_tail_call(ctx, &ab_kvprogs, AGGBOX_KVPROG_FOLD);
 	/* Not reached while the fold stage is in ab_kvprogs. */
 	aggbox_kvcount_stat(AGGBOX_KVSTAT_ERRORS);
 	*(volatile __u64 *)slot = ((__u64)b << 32) | AGGBOX_KV_SPILLED;
@@ -370,12 +417,97 @@ static __always_inline int aggbox_kv_fold_pair(void *table, struct aggbox_kvkey 
 	return -1;
 }
 
+/* The slot hash of a zero-padded key of `len` bytes (any mix will do:
+ * only XDP places keys; the process reads every slot). */
+static __always_inline __u64 aggbox_kv_slot_hash(const __u64 *w, __u32 len)
+{
+	__u64 h = (__u64)len * 0x9E3779B97F4A7C15ULL;
+	int i;
+
+	for (i = 0; i < AGGBOX_KV_KEY / 8; i++) {
+		h ^= w[i];
+		h *= 0xBF58476D1CE4E5B9ULL;
+		h ^= h >> 31;
+	}
+	return h;
+}
+
+/* Folds one pair into the open-addressing array `table` of `mask` + 1
+ * slots: up to AGGBOX_KV_PROBES slots from the key's hash, linearly; an
+ * empty one is claimed (compare-and-swap of its tag to BUSY), filled and
+ * published (exchange of the tag: after the key and value); a slot with
+ * the key's tag and words is folded as in aggbox_kv_fold_pair. 0, or -1
+ * when it must spill (no slot within the probes, a slot another CPU is
+ * filling, NaN, f64 SUM, a CAS loop that did not settle). */
+static __always_inline int aggbox_kv_fold_slot(void *table, __u32 mask, const __u64 *w, __u32 len, __u64 v, __u8 dtype,
+					       __u8 op)
+{
+	struct aggbox_kvslot *e, *head = 0;
+	__u64 h, tag, t, old;
+	__u32 idx, p, head_idx;
+	int i, max = op == AGGBOX_KV_MAX;
+
+	if (dtype == AGGBOX_KV_F64 && ((v >> 52) & 0x7ff) == 0x7ff && (v & 0xfffffffffffffULL))
+		return -1; /* NaN: user space propagates it */
+	if (op == AGGBOX_KV_SUM && dtype == AGGBOX_KV_F64)
+		return -1;
+	h = aggbox_kv_slot_hash(w, len);
+	tag = (h & ~0xffffULL) | ((__u64)len << 2) | 2;
+	for (p = 0; p < AGGBOX_KV_PROBES; p++) {
+		idx = ((__u32)(h >> 32) + p) & mask;
+		e = bpf_map_lookup_elem(table, &idx);
+		if (!e)
+			return -1;
+		t = *(volatile __u64 *)&e->tag;
+		if (t == 0) {
+			if (!head) {
+				head_idx = mask + 1;
+				head = bpf_map_lookup_elem(table, &head_idx);
+				if (!head)
+					return -1;
+			}
+			if (__sync_fetch_and_add(&head->tag, 1) >= head->value)
+				return -1; /* the capacity's worth of keys is in: full */
+			if (__sync_val_compare_and_swap(&e->tag, 0, AGGBOX_KVSLOT_BUSY) != 0) {
+				/* Another CPU claimed it first: give the count back. */
+				__sync_fetch_and_add(&head->tag, -1);
+			} else {
+				e->words[0] = w[0];
+				e->words[1] = w[1];
+				e->words[2] = w[2];
+				e->words[3] = w[3];
+				e->value = v;
+				__sync_lock_test_and_set(&e->tag, tag);
+				return 0;
+			}
+			t = *(volatile __u64 *)&e->tag;
+		}
+		if (t == AGGBOX_KVSLOT_BUSY)
+			return -1; /* another CPU fills it: perhaps with this key */
+		if (t != tag || e->words[0] != w[0] || e->words[1] != w[1] || e->words[2] != w[2] || e->words[3] != w[3])
+			continue;
+		if (op == AGGBOX_KV_SUM) {
+			__sync_fetch_and_add(&e->value, v);
+			return 0;
+		}
+		for (i = 0; i < AGGBOX_KV_CAS_TRIES; i++) {
+			old = *(volatile __u64 *)&e->value;
+			if (!aggbox_kv_better(dtype, max, old, v))
+				return 0;
+			if (__sync_val_compare_and_swap(&e->value, old, v) == old)
+				return 0;
+		}
+		return -1;
+	}
+	return -1;
+}
+
 /*
  * The fold stage: folds up to AGGBOX_KV_SEG pairs from the scratch's offset,
  * then tail-calls itself for the next ones; after the last, counts the batch
  * and acknowledges it, or spills it at the first pair it cannot fold.
  */
-static __always_inline int aggbox_xdp_kv_fold_stage(struct xdp_md *ctx)
+static __always_inline int aggbox_xdp_kv_fold_stage(struct xdp_md *ctx, const int array)
 {
 	struct aggbox_kv_scratch *s;
 	struct aggbox_kvcount *count;
@@ -393,7 +525,10 @@ static __always_inline int aggbox_xdp_kv_fold_stage(struct xdp_md *ctx)
 	if (!win)
 		return XDP_DROP;
 	slot = &win->slot[s->batch & (AGGBOX_KV_WINDOW - 1)];
-	table = bpf_map_lookup_elem(&ab_kvtabs, &s->ctl);
+	if (array)
+		table = bpf_map_lookup_elem(&ab_kvarrs, &s->ctl);
+	else
+		table = bpf_map_lookup_elem(&ab_kvtabs, &s->ctl);
 	if (!table)
 		goto spill;
 	for (k = 0; k < AGGBOX_KV_SEG; k++) {
@@ -405,20 +540,34 @@ static __always_inline int aggbox_xdp_kv_fold_stage(struct xdp_md *ctx)
 		len = klen;
 		if (len == 0 || len > AGGBOX_KV_KEY || s->off + AGGBOX_KV_PAIR + len > s->end)
 			goto spill; /* a long key (or a malformed pair: user space says so) */
-		__builtin_memset(&s->key, 0, sizeof(s->key));
-		s->key.len = len;
-		barrier_var(len);
-		if (len == 0 || len > AGGBOX_KV_KEY)
-			goto spill;
-		if (bpf_xdp_load_bytes(ctx, s->off + AGGBOX_KV_PAIR, s->key.bytes, len))
-			goto spill;
-		if (aggbox_kv_fold_pair(table, &s->key, value, s->dtype, s->op))
-			goto spill;
+		if (array) {
+			s->cand.words[0] = 0;
+			s->cand.words[1] = 0;
+			s->cand.words[2] = 0;
+			s->cand.words[3] = 0;
+			barrier_var(len);
+			if (len == 0 || len > AGGBOX_KV_KEY)
+				goto spill;
+			if (bpf_xdp_load_bytes(ctx, s->off + AGGBOX_KV_PAIR, s->cand.words, len))
+				goto spill;
+			if (aggbox_kv_fold_slot(table, s->mask, s->cand.words, len, value, s->dtype, s->op))
+				goto spill;
+		} else {
+			__builtin_memset(&s->key, 0, sizeof(s->key));
+			s->key.len = len;
+			barrier_var(len);
+			if (len == 0 || len > AGGBOX_KV_KEY)
+				goto spill;
+			if (bpf_xdp_load_bytes(ctx, s->off + AGGBOX_KV_PAIR, s->key.bytes, len))
+				goto spill;
+			if (aggbox_kv_fold_pair(table, &s->key, value, s->dtype, s->op))
+				goto spill;
+		}
 		s->off += AGGBOX_KV_PAIR + len;
 		s->i++;
 	}
 	if (s->i < s->count) {
-		bpf_tail_call(ctx, &ab_kvprogs, AGGBOX_KVPROG_FOLD);
+		bpf_tail_call(ctx, &ab_kvprogs, array ? AGGBOX_KVPROG_FOLD_ARRAY : AGGBOX_KVPROG_FOLD);
 		aggbox_kvcount_stat(AGGBOX_KVSTAT_ERRORS);
 		goto spill;
 	}

@@ -77,7 +77,14 @@ int aggbox_xdp_red_fold(struct xdp_md *ctx)
 SEC("xdp")
 int aggbox_xdp_kv_fold(struct xdp_md *ctx)
 {
-	return aggbox_xdp_kv_fold_stage(ctx);
+	return aggbox_xdp_kv_fold_stage(ctx, 0);
+}
+
+/* The same, into an open-addressing array table (ab_kvprogs[1]). */
+SEC("xdp")
+int aggbox_xdp_kv_fold_array(struct xdp_md *ctx)
+{
+	return aggbox_xdp_kv_fold_stage(ctx, 1);
 }
 
 char LICENSE[] SEC("license") = "Dual BSD/GPL";

@@ -103,7 +103,17 @@ enum Command {
         /// Timed operations.
         #[arg(long, default_value_t = 3)]
         rounds: usize,
-        /// PAIRS DISTINCT.
+        /// PAIRS DISTINCT COMBINE CAPACITY.
+        args: Vec<usize>,
+    },
+    /// Run as one rank of the XDP floor of `bench kv`: the same batches,
+    /// sent to a trivial XDP program that drops and counts them.
+    #[command(hide = true)]
+    RankKvFloor {
+        /// Timed rounds.
+        #[arg(long, default_value_t = 3)]
+        rounds: usize,
+        /// PAIRS DISTINCT COMBINE PORT.
         args: Vec<usize>,
     },
 }
@@ -198,6 +208,7 @@ fn run(cli: Cli) -> Result<ExitCode, String> {
         Command::RankBcast { rounds, sizes } => bench::rank_bcast(rounds, &sizes).map(|()| ExitCode::SUCCESS),
         Command::RankAllreduce { rounds, counts } => bench::rank_allreduce(rounds, &counts).map(|()| ExitCode::SUCCESS),
         Command::RankKv { rounds, args } => bench::rank_kv(rounds, &args).map(|()| ExitCode::SUCCESS),
+        Command::RankKvFloor { rounds, args } => bench::rank_kv_floor(rounds, &args).map(|()| ExitCode::SUCCESS),
         Command::RankAgree { rounds } => agree_bench::rank_agree(rounds).map(|()| ExitCode::SUCCESS),
         Command::Store { world_size, addr, port } => {
             let listener = std::net::TcpListener::bind((addr, port)).map_err(|e| format!("store: binding {addr}:{port}: {e}"))?;

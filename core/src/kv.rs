@@ -49,6 +49,9 @@ use crate::{
     Datapath, Error, Result,
 };
 
+#[path = "kvfloor.rs"]
+pub mod floor;
+
 /// The smallest key maximum a [`KvConfig`] may set.
 pub const KEY_MAX_MIN: usize = 32;
 /// The largest key maximum a [`KvConfig`] may set (a pair must fit one
@@ -70,6 +73,9 @@ pub const KERNEL_WINDOW: usize = 32;
 /// Keys a mapper's combining table holds per owner before it sends them.
 pub const COMBINE_MAX: usize = 1 << 15;
 
+/// How often an owner on the kernel datapath reads what XDP counted while
+/// a mapper's `KV_FIN` waits for it.
+const KERNEL_POLL: Duration = Duration::from_millis(1);
 /// First retransmission timeout of a mapper's batches.
 const KV_RTO_INITIAL: Duration = Duration::from_millis(4);
 /// The largest.
@@ -407,10 +413,125 @@ pub struct KvCtl {
     pub op: u8,
     /// 1: fold pairs; 0: spill every batch (f64 SUM, which the kernel cannot add).
     pub fold: u8,
-    /// Zero.
-    pub reserved: u8,
-    /// Zero.
-    pub reserved2: u32,
+    /// The kind of the kernel table: [`KVTAB_HASH`] or [`KVTAB_ARRAY`].
+    pub table: u8,
+    /// An array table's slots - 1 (a power of 2).
+    pub mask: u32,
+}
+
+/// `AGGBOX_KVTAB_HASH`: the kernel table is a BPF hash map in `ab_kvtabs`.
+pub const KVTAB_HASH: u8 = 0;
+/// `AGGBOX_KVTAB_ARRAY`: an open-addressing array in `ab_kvarrs`.
+pub const KVTAB_ARRAY: u8 = 1;
+/// Most slots of an array table (48 MiB).
+pub const ARRAY_SLOTS_MAX: usize = 1 << 20;
+
+/// `struct aggbox_kvslot`: one slot of an array table.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[repr(C)]
+pub struct KvSlot {
+    /// 0: empty; 1: being filled; else the key's hash with the low 16 bits
+    /// (length << 2 | 2).
+    pub tag: u64,
+    /// The folded value.
+    pub value: u64,
+    /// The key, zero-padded.
+    pub words: [u64; KERNEL_KEY / 8],
+}
+
+/// Which kernel table the kernel datapath folds into: the open-addressing
+/// array (the default: measured faster, docs/BENCHMARKS.md), or, with
+/// `AGGBOX_KV_TABLE=hash` in the environment, a BPF hash map per
+/// operation (what came first; `aggbox bench kv` compares the two).
+pub fn array_table_wanted() -> bool {
+    std::env::var("AGGBOX_KV_TABLE").map_or(true, |v| v != "hash")
+}
+
+/// An open-addressing array table, mapped into the process: XDP fills its
+/// slots, the process reads and clears them at finish. Kept across a
+/// communicator's operations (made anew when one fails, or needs more
+/// slots). One element more than its slots: the header (keys claimed,
+/// capacity).
+struct ArrayTable {
+    fd: OwnedFd,
+    slots: usize,
+    map: *mut KvSlot,
+    len: usize,
+    /// Armed and not cleared since.
+    dirty: bool,
+}
+
+impl ArrayTable {
+    fn new(slots: usize) -> Result<ArrayTable> {
+        let fd = kvmap::create_array(
+            "ab_kvarr",
+            std::mem::size_of::<KvSlot>() as u32,
+            slots as u32 + 1,
+            kvmap::ARRAY_TABLE_FLAGS,
+        )?;
+        let len = ((slots + 1) * std::mem::size_of::<KvSlot>()).div_ceil(4096) * 4096;
+        // SAFETY: mapping a BPF_F_MMAPABLE array's value area, as the
+        // kernel allows (shared, read-write); unmapped on drop.
+        let map = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                len,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_SHARED,
+                std::os::fd::AsRawFd::as_raw_fd(&fd),
+                0,
+            )
+        };
+        if map == libc::MAP_FAILED {
+            return Err(Error::system("mapping the kernel array table", std::io::Error::last_os_error()));
+        }
+        Ok(ArrayTable { fd, slots, map: map.cast(), len, dirty: false })
+    }
+
+    /// Sets the most keys XDP may claim (the header's value).
+    fn set_capacity(&mut self, capacity: usize) {
+        // SAFETY: the header element, inside the mapping; XDP only reads
+        // it while the table is armed.
+        unsafe { std::ptr::write_volatile(&mut (*self.map.add(self.slots)).value, capacity as u64) };
+    }
+
+    /// Folds every filled slot into `table` and empties it.
+    fn drain(&mut self, table: &mut Table) {
+        for i in 0..self.slots {
+            // SAFETY: i < slots, inside the mapping; XDP writes none of
+            // them now (the operation is complete and disarmed).
+            let slot = unsafe { &mut *self.map.add(i) };
+            let tag = unsafe { std::ptr::read_volatile(&slot.tag) };
+            if tag == 0 {
+                continue;
+            }
+            let len = ((tag >> 2) & 0x3fff) as usize;
+            let mut bytes = [0u8; KERNEL_KEY];
+            for (w, chunk) in slot.words.iter().zip(bytes.chunks_mut(8)) {
+                chunk.copy_from_slice(&w.to_le_bytes());
+            }
+            if tag != 1 && len > 0 && len <= KERNEL_KEY {
+                table.fold(&bytes[..len], slot.value);
+            }
+            *slot = KvSlot::default();
+        }
+        // SAFETY: the header element, inside the mapping.
+        unsafe { std::ptr::write_volatile(&mut (*self.map.add(self.slots)).tag, 0) };
+        self.dirty = false;
+    }
+}
+
+// SAFETY: the mapping is owned by the table and only touched through
+// `&mut self` (drain) or on drop; XDP's writes are to other slots or done.
+unsafe impl Send for ArrayTable {}
+// SAFETY: as above: nothing reads or writes the mapping through `&self`.
+unsafe impl Sync for ArrayTable {}
+
+impl Drop for ArrayTable {
+    fn drop(&mut self) {
+        // SAFETY: the mapping made in new().
+        unsafe { libc::munmap(self.map.cast(), self.len) };
+    }
 }
 
 /// `struct aggbox_kvkey`.
@@ -438,7 +559,10 @@ struct KvKernel {
     ctl: u32,
     kvctl: OwnedFd,
     kvtabs: OwnedFd,
+    kvarrs: OwnedFd,
     kvcount: OwnedFd,
+    /// The array table, once an operation used one.
+    array: Option<ArrayTable>,
     /// The last arming written (its group and rank stay when disarmed, so
     /// XDP still answers repeats of folded batches).
     arming: KvCtl,
@@ -465,7 +589,9 @@ impl KvKernel {
             ctl,
             kvctl: kvmap::open_pinned(&dir.join(names::KVCTL))?,
             kvtabs: kvmap::open_pinned(&dir.join(names::KVTABS))?,
+            kvarrs: kvmap::open_pinned(&dir.join(names::KVARRS))?,
             kvcount: kvmap::open_pinned(&dir.join(names::KVCOUNT))?,
+            array: None,
             arming,
         };
         kvmap::update(&kernel.kvctl, &ctl, &arming, "writing ab_kvctl")?;
@@ -479,18 +605,46 @@ impl KvKernel {
 
     /// Arms operation `seq` of `config` with `table` as its kernel table:
     /// counters zeroed, table in place, then the arming.
-    fn arm(&mut self, seq: u32, config: &KvConfig, ranks: usize, table: &OwnedFd) -> Result<()> {
+    /// With `table` None, into the array table (of at least twice
+    /// `kernel_capacity` slots, up to [`ARRAY_SLOTS_MAX`]), made or
+    /// remade first when needed.
+    fn arm(&mut self, seq: u32, config: &KvConfig, ranks: usize, table: Option<&OwnedFd>) -> Result<()> {
         for mapper in 0..ranks {
             kvmap::update(&self.kvcount, &self.index(mapper), &KvCount::default(), "zeroing ab_kvcount")?;
         }
-        let fd = std::os::fd::AsRawFd::as_raw_fd(table) as u32;
-        kvmap::update(&self.kvtabs, &self.ctl, &fd, "putting the kernel table in ab_kvtabs")?;
+        let (kind, mask) = match table {
+            Some(table) => {
+                let fd = std::os::fd::AsRawFd::as_raw_fd(table) as u32;
+                kvmap::update(&self.kvtabs, &self.ctl, &fd, "putting the kernel table in ab_kvtabs")?;
+                (KVTAB_HASH, 0)
+            }
+            None => {
+                let slots = config.kernel_capacity.saturating_mul(2).next_power_of_two().clamp(64, ARRAY_SLOTS_MAX);
+                // The table stays in ab_kvarrs between operations (XDP
+                // folds into it only while armed): an update of an array
+                // of maps waits for an RCU grace period (synchronize_rcu
+                // in the bpf() call), 30 ms per operation as measured.
+                if self.array.as_ref().is_none_or(|a| a.dirty || a.slots != slots) {
+                    self.array = None;
+                    let array = ArrayTable::new(slots)?;
+                    let fd = std::os::fd::AsRawFd::as_raw_fd(&array.fd) as u32;
+                    kvmap::update(&self.kvarrs, &self.ctl, &fd, "putting the kernel table in ab_kvarrs")?;
+                    self.array = Some(array);
+                }
+                let array = self.array.as_mut().expect("made");
+                array.set_capacity(config.kernel_capacity);
+                array.dirty = true;
+                (KVTAB_ARRAY, slots as u32 - 1)
+            }
+        };
         self.arming = KvCtl {
             seq,
             key_max: config.key_max as u32,
             dtype: config.dtype.code(),
             op: config.op.code(),
             fold: u8::from(!(config.dtype == Dtype::F64 && config.op == ReduceOp::Sum)),
+            table: kind,
+            mask,
             ..self.arming
         };
         kvmap::update(&self.kvctl, &self.ctl, &self.arming, "arming ab_kvctl")
@@ -503,8 +657,13 @@ impl KvKernel {
         if let Err(e) = kvmap::update(&self.kvctl, &self.ctl, &self.arming, "disarming ab_kvctl") {
             tracing::warn!(error = %e, "key-value reduce");
         }
-        if let Err(e) = kvmap::delete(&self.kvtabs, &self.ctl, "removing the kernel table from ab_kvtabs") {
-            tracing::warn!(error = %e, "key-value reduce");
+        // A hash table is the operation's: out of ab_kvtabs. The array
+        // table stays in ab_kvarrs for the next operation (disarmed, XDP
+        // folds nothing into it), until the communicator goes.
+        if !array_table_wanted() {
+            if let Err(e) = kvmap::delete(&self.kvtabs, &self.ctl, "removing the kernel table from ab_kvtabs") {
+                tracing::warn!(error = %e, "key-value reduce");
+            }
         }
     }
 
@@ -516,10 +675,21 @@ impl KvKernel {
     }
 }
 
+impl Drop for KvKernel {
+    fn drop(&mut self) {
+        if self.array.is_some() {
+            if let Err(e) = kvmap::delete(&self.kvarrs, &self.ctl, "removing the kernel table from ab_kvarrs") {
+                tracing::warn!(error = %e, "key-value reduce");
+            }
+        }
+    }
+}
+
 /// The kernel part of an open operation at its owner.
 struct KvOpKernel {
-    /// The kernel table XDP folds into.
-    table: OwnedFd,
+    /// The hash map XDP folds into (None: the array table of the
+    /// communicator's [`KvKernel`]).
+    table: Option<OwnedFd>,
     /// Spilled batches the process folded in this operation: (mapper, batch).
     spilled: HashSet<(u16, u32)>,
     /// Per mapper: batches XDP folded whole, as last read.
@@ -692,14 +862,18 @@ impl Comm {
         let kernel = match self.kv.kernel.as_mut() {
             Some(k) => {
                 let capacity = u32::try_from(config.kernel_capacity).unwrap_or(u32::MAX);
-                let table = kvmap::create_hash(
-                    "ab_kvtab",
-                    std::mem::size_of::<KvKey>() as u32,
-                    8,
-                    capacity,
-                    kvmap::BPF_F_NO_PREALLOC,
-                )?;
-                k.arm(seq, config, n, &table)?;
+                let table = if array_table_wanted() {
+                    None
+                } else {
+                    Some(kvmap::create_hash(
+                        "ab_kvtab",
+                        std::mem::size_of::<KvKey>() as u32,
+                        8,
+                        capacity,
+                        kvmap::BPF_F_NO_PREALLOC,
+                    )?)
+                };
+                k.arm(seq, config, n, table.as_ref())?;
                 Some(KvOpKernel { table, spilled: HashSet::new(), batches: vec![0; n], read_at: now })
             }
             None => None,
@@ -952,7 +1126,7 @@ impl Comm {
         let me = self.rank();
         let Some(op) = self.kv.op.as_ref() else { return Ok(()) };
         let Some(kop) = op.kernel.as_ref() else { return Ok(()) };
-        if only.is_none() && kop.read_at.elapsed() < Duration::from_millis(1) {
+        if only.is_none() && kop.read_at.elapsed() < KERNEL_POLL {
             return Ok(());
         }
         let waiting: Vec<usize> = (0..self.size())
@@ -1020,7 +1194,13 @@ impl Comm {
             if self.kv_complete() {
                 break;
             }
-            let due = self.kv.op.as_ref().expect("open").backoff.due();
+            let mut due = self.kv.op.as_ref().expect("open").backoff.due();
+            if self.kv_kernel_waiting() {
+                // XDP counts the batches still missing, and nothing wakes
+                // this process when it has: look again within 1 ms, not at
+                // the retransmission timeout (up to 50 ms).
+                due = due.min(Instant::now() + KERNEL_POLL);
+            }
             self.kv_progress(due)?;
             if self.kv.op.as_mut().expect("open").backoff.fire() {
                 self.kv_check_silent(timeout, silence)?;
@@ -1039,13 +1219,26 @@ impl Comm {
                 op.stats.pairs_folded_kernel += kernel.count(mapper)?.pairs;
             }
             let table = &mut op.table;
-            kvmap::drain(&kop.table, std::mem::size_of::<KvKey>(), DRAIN_BATCH, |key, value| {
-                let len = u32::from_ne_bytes(key[..4].try_into().expect("4 bytes")) as usize;
-                table.fold(&key[4..4 + len.min(KERNEL_KEY)], value);
-            })?;
+            match (&kop.table, kernel.array.as_mut()) {
+                (Some(hash), _) => kvmap::drain(hash, std::mem::size_of::<KvKey>(), DRAIN_BATCH, |key, value| {
+                    let len = u32::from_ne_bytes(key[..4].try_into().expect("4 bytes")) as usize;
+                    table.fold(&key[4..4 + len.min(KERNEL_KEY)], value);
+                })?,
+                (None, Some(array)) => array.drain(table),
+                (None, None) => return Err(Error::Internal("key-value reduce: the array table is gone".into())),
+            }
         }
         let stats = op.stats;
         Ok(op.table.into_result(stats))
+    }
+
+    /// Kernel datapath: whether a mapper's `KV_FIN` came and XDP has not
+    /// counted all its batches yet (as last read).
+    fn kv_kernel_waiting(&self) -> bool {
+        let me = self.rank();
+        let op = self.kv.op.as_ref().expect("open");
+        op.kernel.is_some()
+            && (0..self.size()).any(|m| m != me && op.streams[m].announced.is_some_and(|a| a != self.kv_counted(m)))
     }
 
     /// Whether the open operation is complete at this rank.
@@ -1671,6 +1864,104 @@ mod tests {
         assert_eq!(kernel_value(&table, b"cat"), Some(14));
     }
 
+    /// The same XDP ingress folding into an open-addressing array table
+    /// (`AGGBOX_KVTAB_ARRAY`): a batch is folded and acknowledged, its
+    /// repeat not folded again, a long key spills the rest, a table whose
+    /// probes find no free slot spills from the first new key, MAX keeps
+    /// the largest; what the process drains equals a plain loop, and the
+    /// drained table is empty.
+    #[test]
+    fn xdp_folds_crafted_batches_into_an_array_table() {
+        use std::os::fd::AsFd;
+
+        use crate::{
+            rendezvous::{GroupInfo, PeerInfo},
+            testrun::{test_run, xdp},
+        };
+        let dir = crate::loader::bpffs_root().unwrap().join(format!("aggbox-kvarrtest-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let opened = (|| -> Result<_> {
+            let mut obj = crate::loader::load_object(crate::bpf::XDP_INGRESS, &dir)?;
+            crate::loader::load_xdp(&mut obj)?;
+            let mut maps = crate::loader::SharedMaps::open(&dir)?;
+            let peer = |rank: usize, last: u8, port| PeerInfo {
+                rank,
+                ipv4: std::net::Ipv4Addr::new(10, 77, 0, last),
+                mac: [2, 0, 0, 0, 0, last],
+                port,
+                datapath: Datapath::Kernel,
+                mtu: 1500,
+            };
+            let group = GroupInfo { group: TEST_GROUP, token: TEST_TOKEN, peers: vec![peer(0, 1, 47_001), peer(1, 2, 47_002)] };
+            maps.insert_group(&group)?;
+            let port = crate::maps::PortKey { ipv4: u32::from(std::net::Ipv4Addr::new(10, 77, 0, 1)).to_be(), port: 47_001, reserved: 0 };
+            maps.insert_port(port, TEST_GROUP, 0)?;
+            let open = |name| kvmap::open_pinned(&dir.join(name));
+            Ok((obj, maps, open(names::KVCTL)?, open(names::KVARRS)?))
+        })();
+        crate::loader::tear_down(&dir);
+        let _ = std::fs::remove_dir(&dir);
+        let (obj, _maps, kvctl, kvarrs) = opened.unwrap();
+        let program = obj.program(crate::bpf::programs::XDP_INGRESS).unwrap();
+        let run = |frame: &[u8]| test_run(program.fd().unwrap().as_fd(), frame).unwrap();
+        let drained = |array: &mut ArrayTable, op: ReduceOp| {
+            let mut table = Table::new(Dtype::I64, op);
+            array.drain(&mut table);
+            let mut pairs: Vec<(Vec<u8>, u64)> = table.pairs().map(|(k, v)| (k.to_vec(), v)).collect();
+            pairs.sort();
+            pairs
+        };
+        let own = |pairs: &[(&[u8], u64)]| pairs.iter().map(|(k, v)| (k.to_vec(), *v)).collect::<Vec<_>>();
+
+        // 4 slots (mask 3): the probes reach every one.
+        let mut array = ArrayTable::new(4).unwrap();
+        array.set_capacity(4);
+        kvmap::update(&kvarrs, &0u32, &(std::os::fd::AsRawFd::as_raw_fd(&array.fd) as u32), "kvarrs").unwrap();
+        let arming = KvCtl {
+            seq: 1,
+            group: TEST_GROUP,
+            rank: 0,
+            key_max: 64,
+            dtype: Dtype::I64.code(),
+            op: 0,
+            fold: 1,
+            table: KVTAB_ARRAY,
+            mask: 3,
+            ..KvCtl::default()
+        };
+        kvmap::update(&kvctl, &0u32, &arming, "kvctl").unwrap();
+        let frame = kv_frame(1, 1, &[(b"cat", 2), (b"dog", 5), (b"cat", 1)]);
+        assert_eq!(run(&frame).retval, xdp::TX, "folded and acknowledged");
+        assert_eq!(run(&frame).retval, xdp::TX, "a repeat, acknowledged again");
+        let long = [b'x'; 40];
+        let out = run(&kv_frame(1, 2, &[(b"cat", 10), (b"emu", 1), (&long, 7)]));
+        assert_eq!(out.retval, xdp::PASS);
+        let (h, _) = Header::read_from(&out.frame[42..]).unwrap();
+        assert_eq!((h.flags & FLAG_KV_SPILL, h.nchunks >> 16), (FLAG_KV_SPILL, 2), "two pairs folded, the long key spilled");
+        let out = run(&kv_frame(1, 3, &[(b"dog", 1), (b"gnu", 1), (b"yak", 1), (b"cat", 1)]));
+        assert_eq!(out.retval, xdp::PASS, "4 slots: cat, dog, emu, gnu; yak finds none");
+        let (h, _) = Header::read_from(&out.frame[42..]).unwrap();
+        assert_eq!(h.nchunks >> 16, 2);
+        assert_eq!(drained(&mut array, ReduceOp::Sum), own(&[(b"cat", 13), (b"dog", 6), (b"emu", 1), (b"gnu", 1)]));
+        assert_eq!(drained(&mut array, ReduceOp::Sum), own(&[]), "drained empty");
+
+        // MAX, after the drain: the same slots serve the next operation.
+        kvmap::update(&kvctl, &0u32, &KvCtl { seq: 2, op: ReduceOp::Max.code(), ..arming }, "kvctl").unwrap();
+        let mut max = kv_frame(2, 4, &[(b"cat", 4), (b"cat", 9), (b"cat", 2), (b"owl", 3)]);
+        max[42 + 15] = ReduceOp::Max.code();
+        assert_eq!(run(&max).retval, xdp::TX);
+        assert_eq!(drained(&mut array, ReduceOp::Max), own(&[(b"cat", 9), (b"owl", 3)]));
+
+        // A capacity of 2 keys: the third new key spills, though slots are free.
+        array.set_capacity(2);
+        kvmap::update(&kvctl, &0u32, &KvCtl { seq: 3, ..arming }, "kvctl").unwrap();
+        let out = run(&kv_frame(3, 5, &[(b"ant", 1), (b"bee", 2), (b"ant", 3), (b"cow", 1)]));
+        assert_eq!(out.retval, xdp::PASS);
+        let (h, _) = Header::read_from(&out.frame[42..]).unwrap();
+        assert_eq!(h.nchunks >> 16, 3, "ant, bee, ant folded; cow over the capacity");
+        assert_eq!(drained(&mut array, ReduceOp::Sum), own(&[(b"ant", 4), (b"bee", 2)]));
+    }
+
     fn size_of_key() -> u32 {
         std::mem::size_of::<KvKey>() as u32
     }
@@ -1686,6 +1977,13 @@ mod tests {
             "offsetof(struct aggbox_kvctl, dtype)",
             "offsetof(struct aggbox_kvctl, op)",
             "offsetof(struct aggbox_kvctl, fold)",
+            "offsetof(struct aggbox_kvctl, table)",
+            "offsetof(struct aggbox_kvctl, mask)",
+            "sizeof(struct aggbox_kvslot)",
+            "offsetof(struct aggbox_kvslot, value)",
+            "offsetof(struct aggbox_kvslot, words)",
+            "AGGBOX_KVTAB_ARRAY",
+            "AGGBOX_KVSLOT_BUSY",
             "sizeof(struct aggbox_kvkey)",
             "offsetof(struct aggbox_kvkey, bytes)",
             "sizeof(struct aggbox_kvcount)",
@@ -1707,6 +2005,13 @@ mod tests {
             offset_of!(KvCtl, dtype) as u64,
             offset_of!(KvCtl, op) as u64,
             offset_of!(KvCtl, fold) as u64,
+            offset_of!(KvCtl, table) as u64,
+            offset_of!(KvCtl, mask) as u64,
+            size_of::<KvSlot>() as u64,
+            offset_of!(KvSlot, value) as u64,
+            offset_of!(KvSlot, words) as u64,
+            u64::from(KVTAB_ARRAY),
+            1,
             size_of::<KvKey>() as u64,
             offset_of!(KvKey, bytes) as u64,
             size_of::<KvCount>() as u64,

@@ -22,6 +22,10 @@ const BPF_MAP_DELETE_ELEM: libc::c_long = 3;
 const BPF_OBJ_GET: libc::c_long = 7;
 const BPF_MAP_LOOKUP_AND_DELETE_BATCH: libc::c_long = 25;
 const BPF_MAP_TYPE_HASH: u32 = 1;
+const BPF_MAP_TYPE_ARRAY: u32 = 2;
+/// `BPF_F_MMAPABLE | BPF_F_INNER_MAP`: the flags of the array tables (as
+/// their template in `ebpf/aggbox_kv.h`: mapped by the process, any size).
+pub(crate) const ARRAY_TABLE_FLAGS: u32 = (1 << 10) | (1 << 12);
 /// `BPF_F_NO_PREALLOC`: entries are allocated as they are inserted.
 pub(crate) const BPF_F_NO_PREALLOC: u32 = 1;
 
@@ -55,8 +59,17 @@ pub(crate) fn open_pinned(path: &Path) -> Result<OwnedFd> {
 /// Makes a hash map of `max_entries` entries of `key_size`-byte keys and
 /// `value_size`-byte values.
 pub(crate) fn create_hash(name: &str, key_size: u32, value_size: u32, max_entries: u32, flags: u32) -> Result<OwnedFd> {
+    create(BPF_MAP_TYPE_HASH, name, key_size, value_size, max_entries, flags)
+}
+
+/// Makes an array of `max_entries` `value_size`-byte values (u32 keys).
+pub(crate) fn create_array(name: &str, value_size: u32, max_entries: u32, flags: u32) -> Result<OwnedFd> {
+    create(BPF_MAP_TYPE_ARRAY, name, 4, value_size, max_entries, flags)
+}
+
+fn create(map_type: u32, name: &str, key_size: u32, value_size: u32, max_entries: u32, flags: u32) -> Result<OwnedFd> {
     let mut attr = [0u64; 16];
-    attr[0] = u64::from(BPF_MAP_TYPE_HASH) | u64::from(key_size) << 32;
+    attr[0] = u64::from(map_type) | u64::from(key_size) << 32;
     attr[1] = u64::from(value_size) | u64::from(max_entries) << 32;
     attr[2] = u64::from(flags); // map_flags; inner_map_fd 0
     // map_name at byte 28: the upper half of attr[3] and attr[4..6].

@@ -474,19 +474,23 @@ pub(crate) fn load_xdp(obj: &mut aya::Ebpf) -> Result<&mut Xdp> {
     let map = obj.map_mut(names::REDPROGS).ok_or_else(|| Error::Internal("ab_redprogs missing".into()))?;
     let mut progs = ProgramArray::try_from(map).map_err(|e| Error::Internal(format!("ab_redprogs: {e}")))?;
     progs.set(0, &fd, 0).map_err(map_error("putting the fold stage in ab_redprogs"))?;
-    let kv_fold: &mut Xdp = obj
-        .program_mut(bpf::programs::XDP_KV_FOLD)
-        .ok_or_else(|| Error::Internal("the key-value fold stage is missing from the XDP object".into()))?
-        .try_into()
-        .map_err(program_error("the key-value fold stage".into()))?;
-    kv_fold.load().map_err(program_error("loading the key-value fold stage".into()))?;
-    let fd = kv_fold
-        .fd()
-        .and_then(|fd| fd.try_clone().map_err(aya::programs::ProgramError::from))
-        .map_err(program_error("the key-value fold stage's fd".into()))?;
-    let map = obj.map_mut(names::KVPROGS).ok_or_else(|| Error::Internal("ab_kvprogs missing".into()))?;
-    let mut progs = ProgramArray::try_from(map).map_err(|e| Error::Internal(format!("ab_kvprogs: {e}")))?;
-    progs.set(0, &fd, 0).map_err(map_error("putting the key-value fold stage in ab_kvprogs"))?;
+    // The key-value fold stages: into a hash map (ab_kvprogs[0]) and into
+    // an open-addressing array (ab_kvprogs[1]).
+    for (index, name) in [(0, bpf::programs::XDP_KV_FOLD), (1, bpf::programs::XDP_KV_FOLD_ARRAY)] {
+        let kv_fold: &mut Xdp = obj
+            .program_mut(name)
+            .ok_or_else(|| Error::Internal(format!("the key-value fold stage {name} is missing from the XDP object")))?
+            .try_into()
+            .map_err(program_error(format!("the key-value fold stage {name}")))?;
+        kv_fold.load().map_err(program_error(format!("loading the key-value fold stage {name}")))?;
+        let fd = kv_fold
+            .fd()
+            .and_then(|fd| fd.try_clone().map_err(aya::programs::ProgramError::from))
+            .map_err(program_error(format!("the key-value fold stage {name}'s fd")))?;
+        let map = obj.map_mut(names::KVPROGS).ok_or_else(|| Error::Internal("ab_kvprogs missing".into()))?;
+        let mut progs = ProgramArray::try_from(map).map_err(|e| Error::Internal(format!("ab_kvprogs: {e}")))?;
+        progs.set(index, &fd, 0).map_err(map_error(format!("putting the key-value fold stage {name} in ab_kvprogs")))?;
+    }
     let xdp: &mut Xdp = obj
         .program_mut(bpf::programs::XDP_INGRESS)
         .ok_or_else(|| Error::Internal("XDP program missing from its object".into()))?

@@ -31,6 +31,9 @@ pub mod names {
     pub const REDRES: &str = "ab_redres";
     /// Key-value reduce: each communicator's kernel table (array of maps).
     pub const KVTABS: &str = "ab_kvtabs";
+    /// Key-value reduce: each communicator's open-addressing array table
+    /// (array of maps), when it folds into one.
+    pub const KVARRS: &str = "ab_kvarrs";
     /// Key-value reduce: each communicator's arming.
     pub const KVCTL: &str = "ab_kvctl";
     /// Key-value reduce: each (communicator, mapper)'s window of batch numbers.
@@ -46,9 +49,9 @@ pub mod names {
     /// Per-CPU agreement counters.
     pub const ASTATS: &str = "ab_astats";
     /// Every pinned map.
-    pub const ALL: [&str; 21] = [
+    pub const ALL: [&str; 22] = [
         PORTS, GROUPS, MEMBERS, USERS, STATS, BSTATS, CTL, RXWIN, TXWIN, REDWIN, RSTATS, REDPROGS, REDRES, KVTABS,
-        KVCTL, KVWIN, KVCOUNT, KVSTATS, KVPROGS, AGREE, ASTATS,
+        KVCTL, KVWIN, KVCOUNT, KVSTATS, KVPROGS, KVARRS, AGREE, ASTATS,
     ];
 }
 
