@@ -4,8 +4,6 @@
 //! agreement, and each rank's wake-ups per phase. Every agreement's values
 //! are checked against the inputs (validity) and against each other (ε).
 
-use std::process::Stdio;
-
 use aggbox_core::{
     agree::{phases, AgreeConfig},
     cluster::Cluster,
@@ -104,32 +102,9 @@ struct AgreeRun {
 }
 
 fn agree_run(cluster: &Cluster, datapath: &str, rounds: usize, port: u16) -> Result<AgreeRun, String> {
-    let exe = std::env::current_exe().map_err(|e| e.to_string())?;
     let n = cluster.hosts().len();
-    let children: Vec<std::process::Child> = (0..n)
-        .map(|i| {
-            cluster
-                .command(i, &exe)
-                .args(["rank-agree", "--rounds", &rounds.to_string()])
-                .env("RANK", i.to_string())
-                .env("WORLD_SIZE", n.to_string())
-                .env("MASTER_ADDR", cluster.host(0).ipv4.to_string())
-                .env("MASTER_PORT", port.to_string())
-                .env("AGGBOX_DATAPATH", datapath)
-                .stdout(Stdio::piped())
-                .stderr(Stdio::piped())
-                .spawn()
-                .map_err(|e| e.to_string())
-        })
-        .collect::<Result<_, _>>()?;
-    let mut outputs = Vec::new();
-    for child in children {
-        let out = child.wait_with_output().map_err(|e| e.to_string())?;
-        if !out.status.success() {
-            return Err(format!("a rank failed on the {datapath} datapath: {}", String::from_utf8_lossy(&out.stderr)));
-        }
-        outputs.push(String::from_utf8_lossy(&out.stdout).to_string());
-    }
+    let children = crate::bench::spawn_ranks(cluster, datapath, "rank-agree", rounds, &[], port)?;
+    let outputs = crate::bench::rank_outputs(children, &format!("the {datapath} datapath"))?;
     let lines: Vec<Vec<&str>> = outputs.iter().map(|o| o.lines().filter(|l| l.starts_with("agree ")).collect()).collect();
     if lines.iter().any(|l| l.len() != rounds + 1) {
         return Err(format!("{datapath}: a rank did not report every agreement"));

@@ -435,9 +435,23 @@ struct BcastRun {
     syscalls: (f64, f64),
 }
 
-/// Starts this program's hidden `command` (`rank-bcast`, `rank-allreduce`)
-/// as one rank on every host of `cluster`, with `--rounds` and `sizes`.
-fn spawn_ranks(
+/// Waits for the ranks [`spawn_ranks`] started; returns what each printed,
+/// or, when one failed, an error saying `what` failed with its stderr.
+pub(crate) fn rank_outputs(children: Vec<std::process::Child>, what: &str) -> Result<Vec<String>, String> {
+    let mut outputs = Vec::new();
+    for child in children {
+        let out = child.wait_with_output().map_err(|e| e.to_string())?;
+        if !out.status.success() {
+            return Err(format!("a rank of {what} failed: {}", String::from_utf8_lossy(&out.stderr)));
+        }
+        outputs.push(String::from_utf8_lossy(&out.stdout).to_string());
+    }
+    Ok(outputs)
+}
+
+/// Starts this program's hidden `command` (`rank-bcast`, `rank-allreduce`,
+/// …) as one rank on every host of `cluster`, with `--rounds` and `sizes`.
+pub(crate) fn spawn_ranks(
     cluster: &Cluster,
     datapath: &str,
     command: &str,
@@ -460,6 +474,7 @@ fn spawn_ranks(
                 .env("MASTER_PORT", port.to_string())
                 .env("AGGBOX_DATAPATH", datapath)
                 .stdout(Stdio::piped())
+                .stderr(Stdio::piped())
                 .spawn()
                 .map_err(|e| e.to_string())
         })
@@ -2312,14 +2327,7 @@ fn kv_run(
     port: u16,
 ) -> Result<KvRun, String> {
     let children = spawn_ranks(cluster, datapath, "rank-kv", rounds, &[pairs, distinct, usize::from(combine), capacity], port)?;
-    let mut outputs = Vec::new();
-    for child in children {
-        let out = child.wait_with_output().map_err(|e| e.to_string())?;
-        if !out.status.success() {
-            return Err(format!("a rank failed on the {datapath} datapath: {}", String::from_utf8_lossy(&out.stderr)));
-        }
-        outputs.push(String::from_utf8_lossy(&out.stdout).to_string());
-    }
+    let outputs = rank_outputs(children, &format!("the {datapath} datapath"))?;
     let lines: Vec<Vec<&str>> = outputs.iter().map(|o| o.lines().filter(|l| l.starts_with("kv ")).collect()).collect();
     if lines.iter().any(|l| l.len() != rounds + 1) {
         return Err(format!("{datapath}: a rank did not report every operation"));
@@ -2366,14 +2374,7 @@ fn kv_floor_run(cluster: &Cluster, combine: bool, pairs: usize, distinct: usize,
     const FLOOR_PORT: usize = 47_990;
     let children =
         spawn_ranks(cluster, "user", "rank-kv-floor", rounds, &[pairs, distinct, usize::from(combine), FLOOR_PORT], port)?;
-    let mut outputs = Vec::new();
-    for child in children {
-        let out = child.wait_with_output().map_err(|e| e.to_string())?;
-        if !out.status.success() {
-            return Err(format!("a rank of the XDP floor failed: {}", String::from_utf8_lossy(&out.stderr)));
-        }
-        outputs.push(String::from_utf8_lossy(&out.stdout).to_string());
-    }
+    let outputs = rank_outputs(children, "the XDP floor")?;
     let lines: Vec<Vec<&str>> = outputs.iter().map(|o| o.lines().filter(|l| l.starts_with("floor ")).collect()).collect();
     if lines.iter().any(|l| l.len() != rounds + 1) {
         return Err("XDP floor: a rank did not report every round".into());

@@ -171,25 +171,11 @@ mod tests {
     use std::{ffi::CString, thread};
 
     use super::*;
-    use crate::{aggbox_comm_destroy, aggbox_comm_init, aggbox_config, aggbox_config_init, aggbox_last_error};
+    use crate::{
+        aggbox_comm_destroy,
+        testing::{last_error, loopback_comm as comm},
+    };
 
-    fn last_error() -> String {
-        let mut buf = [0u8; 512];
-        unsafe { aggbox_last_error(buf.as_mut_ptr().cast(), buf.len()) };
-        CStr::from_bytes_until_nul(&buf).unwrap().to_str().unwrap().to_string()
-    }
-
-    fn comm(rank: usize, n: usize, port: u16) -> *mut aggbox_comm {
-        let mut config = aggbox_config { size: 0, ..Default::default() };
-        unsafe { aggbox_config_init(&mut config) };
-        config.rank = rank as i32;
-        config.world_size = n as i32;
-        config.master_port = port;
-        config.timeout_ms = 10_000;
-        let mut comm = ptr::null_mut();
-        assert_eq!(unsafe { aggbox_comm_init(&config, &mut comm) }, aggbox_status::AGGBOX_OK, "{}", last_error());
-        comm
-    }
 
     fn store_dir(name: &str) -> PathBuf {
         let dir = std::env::temp_dir().join(format!("aggbox-ffi-agree-{}-{name}", std::process::id()));

@@ -49,6 +49,8 @@ pub mod kv;
 mod progress;
 pub mod request;
 pub mod stats;
+#[cfg(test)]
+mod testing;
 pub mod types;
 
 pub use agree::*;
