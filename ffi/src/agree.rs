@@ -176,7 +176,6 @@ mod tests {
         testing::{last_error, loopback_comm as comm},
     };
 
-
     fn store_dir(name: &str) -> PathBuf {
         let dir = std::env::temp_dir().join(format!("aggbox-ffi-agree-{}-{name}", std::process::id()));
         let _ = std::fs::remove_dir_all(&dir);
