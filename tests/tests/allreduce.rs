@@ -7,8 +7,9 @@
 //! rank checks every element against a plain loop over all ranks' inputs
 //! (`aggbox-reduce-rank`).
 //!
-//! On the kernel datapath the reductions still run in user space (their
-//! datagrams pass the XDP and TC checks); see docs/ALLREDUCE.md.
+//! On the kernel datapath the owners' XDP folds the contributions and the
+//! results are fanned out and placed in the kernel; the kernel runs check
+//! that results came from the kernel windows (see docs/ALLREDUCE.md).
 //!
 //! The tests run one at a time (they share two cores): each holds `serial()`.
 
