@@ -4,6 +4,7 @@
 //! agreement, and each rank's wake-ups per phase. Every agreement's values
 //! are checked against the inputs (validity) and against each other (ε).
 
+use crate::bench::{median, splitmix};
 use aggbox_core::{
     agree::{phases, AgreeConfig},
     cluster::Cluster,
@@ -29,23 +30,6 @@ fn input(round: usize, rank: usize, n: usize) -> f64 {
     }
 }
 
-/// splitmix64: the inputs' seeded draw.
-fn splitmix(mut z: u64) -> u64 {
-    z = z.wrapping_add(0x9E37_79B9_7F4A_7C15);
-    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-    z ^ (z >> 31)
-}
-
-/// This process's voluntary context switches so far.
-fn wakeups() -> u64 {
-    std::fs::read_to_string("/proc/self/status")
-        .ok()
-        .and_then(|s| s.lines().find_map(|l| l.strip_prefix("voluntary_ctxt_switches:").map(|v| v.trim().parse().ok())))
-        .flatten()
-        .unwrap_or(0)
-}
-
 /// One rank of `bench agree` (the hidden `rank-agree` command): a barrier,
 /// then `rounds + 1` agreements (the first untimed), one line each.
 pub fn rank_agree(rounds: usize) -> Result<(), String> {
@@ -59,11 +43,11 @@ pub fn rank_agree(rounds: usize) -> Result<(), String> {
         let config = AgreeConfig { epsilon: EPSILON, f, lo: LO, hi: HI, store: dir.join(format!("round{round}")), ..AgreeConfig::default() };
         comm.barrier().map_err(err)?;
         let before = comm.stats().map_err(err)?.user;
-        let woken = wakeups();
+        let woken = crate::bench::wakeups();
         let start = std::time::Instant::now();
         let value = comm.agree(&config, input(round, me, n)).map_err(err)?;
         let us = start.elapsed().as_secs_f64() * 1e6;
-        let woken = wakeups() - woken;
+        let woken = crate::bench::wakeups() - woken;
         let after = comm.stats().map_err(err)?.user;
         println!(
             "agree round={round} us={us:.0} value={value:.17e} wakeups={woken} waits={} phases={} jumps={} from_kernel={} on_socket={} retransmits={}",
@@ -138,11 +122,6 @@ fn agree_run(cluster: &Cluster, datapath: &str, rounds: usize, port: u16) -> Res
     run.from_kernel_per_phase /= samples;
     run.on_socket_per_phase /= samples;
     Ok(run)
-}
-
-fn median(values: &mut [f64]) -> f64 {
-    values.sort_by(|a, b| a.total_cmp(b));
-    values[values.len() / 2]
 }
 
 /// `aggbox bench agree`.

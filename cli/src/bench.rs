@@ -144,7 +144,7 @@ pub fn run(bench: Bench) -> Result<(), String> {
     }
 }
 
-fn median(values: &mut [f64]) -> f64 {
+pub(crate) fn median(values: &mut [f64]) -> f64 {
     values.sort_by(|a, b| a.total_cmp(b));
     values[values.len() / 2]
 }
@@ -324,7 +324,7 @@ fn pattern(len: usize, round: usize) -> impl Iterator<Item = u8> {
 
 /// This process's voluntary context switches so far: how often it slept
 /// and was woken.
-fn wakeups() -> u64 {
+pub(crate) fn wakeups() -> u64 {
     std::fs::read_to_string("/proc/self/status")
         .ok()
         .and_then(|s| s.lines().find_map(|l| l.strip_prefix("voluntary_ctxt_switches:").map(|v| v.trim().parse().ok())))
@@ -2143,7 +2143,7 @@ pub fn fold(rounds: usize, trials: usize) -> Result<(), String> {
 // ---- key-value reduce -----------------------------------------------------
 
 /// splitmix64.
-fn splitmix(mut z: u64) -> u64 {
+pub(crate) fn splitmix(mut z: u64) -> u64 {
     z = z.wrapping_add(0x9E37_79B9_7F4A_7C15);
     z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
     z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);

@@ -123,7 +123,7 @@ impl AgreeConfig {
     /// Checks the configuration for `n` ranks and this rank's `input`.
     pub fn validate(&self, n: usize, input: f64) -> Result<()> {
         let bad = |what: String| Err(Error::InvalidArgument(format!("agreement: {what}")));
-        if !(self.epsilon > 0.0) || !self.epsilon.is_finite() {
+        if self.epsilon.is_nan() || self.epsilon <= 0.0 || !self.epsilon.is_finite() {
             return bad(format!("epsilon must be a finite number above 0, not {}", self.epsilon));
         }
         if !self.lo.is_finite() || !self.hi.is_finite() || self.lo > self.hi {
