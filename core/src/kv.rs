@@ -1634,6 +1634,44 @@ fn long_keys_last(batch: &mut [u8], scratch: &mut Vec<u8>) {
     batch.copy_from_slice(scratch);
 }
 
+/// XDP ingress loaded (not attached) as on a key-value owner's host, for
+/// `BPF_PROG_TEST_RUN` of the fold: private shared maps in a scratch pin
+/// directory `tag` (removed again: the fds hold them), the two-rank group
+/// `group`/`token` registered with rank 0, this owner, at 10.77.0.1:47001 on
+/// control slot 0 and rank 1 at 10.77.0.2:47002, and the pinned maps `maps`
+/// opened, in order.
+pub(crate) fn test_owner<const N: usize>(
+    tag: &str,
+    group: u32,
+    token: u64,
+    maps: [&str; N],
+) -> Result<(aya::Ebpf, crate::loader::SharedMaps, [OwnedFd; N])> {
+    use crate::rendezvous::{GroupInfo, PeerInfo};
+    let dir = crate::loader::bpffs_root()?.join(format!("aggbox-{tag}-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).map_err(|e| Error::system(format!("creating {}", dir.display()), e))?;
+    let opened = (|| -> Result<_> {
+        let mut obj = crate::loader::load_object(crate::bpf::XDP_INGRESS, &dir)?;
+        crate::loader::load_xdp(&mut obj)?;
+        let mut shared = crate::loader::SharedMaps::open(&dir)?;
+        let peer = |rank: usize, last: u8, port| PeerInfo {
+            rank,
+            ipv4: std::net::Ipv4Addr::new(10, 77, 0, last),
+            mac: [2, 0, 0, 0, 0, last],
+            port,
+            datapath: Datapath::Kernel,
+            mtu: 1500,
+        };
+        shared.insert_group(&GroupInfo { group, token, peers: vec![peer(0, 1, 47_001), peer(1, 2, 47_002)] })?;
+        let port = crate::maps::PortKey { ipv4: u32::from(std::net::Ipv4Addr::new(10, 77, 0, 1)).to_be(), port: 47_001, reserved: 0 };
+        shared.insert_port(port, group, 0)?;
+        let fds = maps.iter().map(|name| kvmap::open_pinned(&dir.join(name))).collect::<Result<Vec<_>>>()?;
+        let fds: [OwnedFd; N] = fds.try_into().map_err(|_| Error::Internal("test_owner: map count".into()))?;
+        Ok((obj, shared, fds))
+    })();
+    crate::loader::tear_down(&dir);
+    opened
+}
+
 /// Folds the `count` pairs of a batch's `payload` into `table`; returns
 /// how many, or `None` (nothing folded) when the payload is not `count`
 /// well-formed pairs of keys of 1 to `key_max` bytes.
@@ -1770,33 +1808,9 @@ mod tests {
     /// armed; one of the armed operation with another dtype goes up.
     #[test]
     fn xdp_folds_acknowledges_and_spills_crafted_batches() {
-        use crate::{
-            rendezvous::{GroupInfo, PeerInfo},
-            testrun::{test_run, xdp},
-        };
-        let dir = crate::loader::bpffs_root().unwrap().join(format!("aggbox-kvtest-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).unwrap();
-        let mut obj = crate::loader::load_object(crate::bpf::XDP_INGRESS, &dir).unwrap();
-        crate::loader::load_xdp(&mut obj).unwrap();
-        let opened = (|| -> Result<_> {
-            let mut maps = crate::loader::SharedMaps::open(&dir)?;
-            let peer = |rank: usize, last: u8, port| PeerInfo {
-                rank,
-                ipv4: std::net::Ipv4Addr::new(10, 77, 0, last),
-                mac: [2, 0, 0, 0, 0, last],
-                port,
-                datapath: Datapath::Kernel,
-                mtu: 1500,
-            };
-            let group = GroupInfo { group: TEST_GROUP, token: TEST_TOKEN, peers: vec![peer(0, 1, 47_001), peer(1, 2, 47_002)] };
-            maps.insert_group(&group)?;
-            let port = crate::maps::PortKey { ipv4: u32::from(std::net::Ipv4Addr::new(10, 77, 0, 1)).to_be(), port: 47_001, reserved: 0 };
-            maps.insert_port(port, TEST_GROUP, 0)?;
-            let open = |name| kvmap::open_pinned(&dir.join(name));
-            Ok((maps, open(names::KVCTL)?, open(names::KVTABS)?, open(names::KVCOUNT)?))
-        })();
-        crate::loader::tear_down(&dir);
-        let (_maps, kvctl, kvtabs, kvcount) = opened.unwrap();
+        use crate::testrun::{test_run, xdp};
+        let (obj, _maps, [kvctl, kvtabs, kvcount]) =
+            test_owner("kvtest", TEST_GROUP, TEST_TOKEN, [names::KVCTL, names::KVTABS, names::KVCOUNT]).unwrap();
         let table = kvmap::create_hash("ab_kvtab", size_of_key(), 8, 4, kvmap::BPF_F_NO_PREALLOC).unwrap();
         let fd = std::os::fd::AsRawFd::as_raw_fd(&table) as u32;
         kvmap::update(&kvtabs, &0u32, &fd, "kvtabs").unwrap();
@@ -1874,34 +1888,8 @@ mod tests {
     fn xdp_folds_crafted_batches_into_an_array_table() {
         use std::os::fd::AsFd;
 
-        use crate::{
-            rendezvous::{GroupInfo, PeerInfo},
-            testrun::{test_run, xdp},
-        };
-        let dir = crate::loader::bpffs_root().unwrap().join(format!("aggbox-kvarrtest-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).unwrap();
-        let opened = (|| -> Result<_> {
-            let mut obj = crate::loader::load_object(crate::bpf::XDP_INGRESS, &dir)?;
-            crate::loader::load_xdp(&mut obj)?;
-            let mut maps = crate::loader::SharedMaps::open(&dir)?;
-            let peer = |rank: usize, last: u8, port| PeerInfo {
-                rank,
-                ipv4: std::net::Ipv4Addr::new(10, 77, 0, last),
-                mac: [2, 0, 0, 0, 0, last],
-                port,
-                datapath: Datapath::Kernel,
-                mtu: 1500,
-            };
-            let group = GroupInfo { group: TEST_GROUP, token: TEST_TOKEN, peers: vec![peer(0, 1, 47_001), peer(1, 2, 47_002)] };
-            maps.insert_group(&group)?;
-            let port = crate::maps::PortKey { ipv4: u32::from(std::net::Ipv4Addr::new(10, 77, 0, 1)).to_be(), port: 47_001, reserved: 0 };
-            maps.insert_port(port, TEST_GROUP, 0)?;
-            let open = |name| kvmap::open_pinned(&dir.join(name));
-            Ok((obj, maps, open(names::KVCTL)?, open(names::KVARRS)?))
-        })();
-        crate::loader::tear_down(&dir);
-        let _ = std::fs::remove_dir(&dir);
-        let (obj, _maps, kvctl, kvarrs) = opened.unwrap();
+        use crate::testrun::{test_run, xdp};
+        let (obj, _maps, [kvctl, kvarrs]) = test_owner("kvarrtest", TEST_GROUP, TEST_TOKEN, [names::KVCTL, names::KVARRS]).unwrap();
         let program = obj.program(crate::bpf::programs::XDP_INGRESS).unwrap();
         let run = |frame: &[u8]| test_run(program.fd().unwrap().as_fd(), frame).unwrap();
         let drained = |array: &mut ArrayTable, op: ReduceOp| {

@@ -247,36 +247,13 @@ pub fn fold_cost(batches: &[PackedBatch]) -> Result<FoldCost> {
 
     use super::{fold_batch, kvmap, ArrayTable, KvCtl, KvKey, KVTAB_ARRAY, KVTAB_HASH};
     use crate::{
-        maps::{names, PortKey},
-        rendezvous::{GroupInfo, PeerInfo},
+        maps::names,
         testrun::{test_run_timed, xdp},
-        Datapath,
     };
     const GROUP: u32 = 0x0a0b_0c0e;
     const TOKEN: u64 = 0x0fed_cba9_8765_4321;
-    let dir = crate::loader::bpffs_root()?.join(format!("aggbox-kvfold-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).map_err(|e| Error::system(format!("creating {}", dir.display()), e))?;
-    let opened = (|| -> Result<_> {
-        let mut obj = crate::loader::load_object(bpf::XDP_INGRESS, &dir)?;
-        crate::loader::load_xdp(&mut obj)?;
-        let mut maps = crate::loader::SharedMaps::open(&dir)?;
-        let peer = |rank: usize, last: u8, port| PeerInfo {
-            rank,
-            ipv4: std::net::Ipv4Addr::new(10, 77, 0, last),
-            mac: [2, 0, 0, 0, 0, last],
-            port,
-            datapath: Datapath::Kernel,
-            mtu: 1500,
-        };
-        maps.insert_group(&GroupInfo { group: GROUP, token: TOKEN, peers: vec![peer(0, 1, 47_001), peer(1, 2, 47_002)] })?;
-        let port = PortKey { ipv4: u32::from(std::net::Ipv4Addr::new(10, 77, 0, 1)).to_be(), port: 47_001, reserved: 0 };
-        maps.insert_port(port, GROUP, 0)?;
-        let open = |name| kvmap::open_pinned(&dir.join(name));
-        Ok((obj, maps, open(names::KVCTL)?, open(names::KVTABS)?, open(names::KVARRS)?))
-    })();
-    crate::loader::tear_down(&dir);
-    let _ = std::fs::remove_dir(&dir);
-    let (obj, _maps, kvctl, kvtabs, kvarrs) = opened?;
+    let (obj, _maps, [kvctl, kvtabs, kvarrs]) =
+        super::test_owner("kvfold", GROUP, TOKEN, [names::KVCTL, names::KVTABS, names::KVARRS])?;
     let program = obj
         .program(bpf::programs::XDP_INGRESS)
         .and_then(|p| p.fd().ok())
