@@ -117,6 +117,32 @@ pub fn fail(e: &aggbox_core::Error) -> ! {
     std::process::exit(1);
 }
 
+/// Waits for every rank but `victim`, which was killed at `killed`, each
+/// for up to `wait`, and checks that each exited with status 1 after an
+/// `error` line of status `PeerFailed` blaming `victim`, within `within` of
+/// the kill. Returns each survivor's rank and error line.
+pub fn survivors_blame(
+    ranks: Vec<RankProcess>,
+    victim: usize,
+    killed: Instant,
+    wait: Duration,
+    within: Duration,
+) -> Vec<(usize, String)> {
+    let mut errors = Vec::new();
+    for (i, rank) in ranks.into_iter().enumerate().filter(|(i, _)| *i != victim) {
+        let (code, lines) = rank.finish(wait);
+        let elapsed = killed.elapsed();
+        assert_eq!(code, 1, "rank {i}: {lines:?}");
+        let error = lines.iter().find(|l| l.starts_with("error ")).unwrap_or_else(|| panic!("rank {i}: {lines:?}"));
+        let parsed = fields(error);
+        assert_eq!(parsed["status"], "PeerFailed", "rank {i}: {error}");
+        assert_eq!(parsed["blamed"], victim.to_string(), "rank {i} names the killed rank: {error}");
+        assert!(elapsed < within, "rank {i} exited {elapsed:?} after the kill");
+        errors.push((i, error.clone()));
+    }
+    errors
+}
+
 /// Parses `key=value key=value …` into a map.
 pub fn fields(line: &str) -> HashMap<String, String> {
     line.split_whitespace()

@@ -15,7 +15,7 @@ use std::{
 };
 
 use aggbox_core::{cluster::Cluster, fault::FaultSpec, wire};
-use aggbox_tests::{c_example, fields, kernel, mixed, number, serial, user, RankProcess};
+use aggbox_tests::{c_example, fields, kernel, mixed, number, serial, survivors_blame, user, RankProcess};
 
 const HOSTS: usize = 8;
 const MASTER_PORT: u16 = 29_500;
@@ -320,19 +320,9 @@ fn a_receiver_killed_mid_broadcast_fails_every_survivor() {
     std::thread::sleep(Duration::from_millis(100));
     ranks[victim].child.kill().unwrap();
     let killed = Instant::now();
-    for (i, rank) in ranks.into_iter().enumerate().filter(|(i, _)| *i != victim) {
-        let (code, lines) = rank.finish(timeout * 3);
-        let elapsed = killed.elapsed();
-        assert_eq!(code, 1, "rank {i}: {lines:?}");
-        let error = lines.iter().find(|l| l.starts_with("error ")).unwrap_or_else(|| panic!("rank {i}: {lines:?}"));
-        let message = error.split_once("message=").map_or("", |(_, m)| m).to_string();
-        let mut error = fields(error);
-        error.insert("message".into(), message);
-        assert_eq!(error["status"], "PeerFailed", "rank {i}: {lines:?}");
-        assert_eq!(error["blamed"], victim.to_string(), "rank {i} names the killed rank: {lines:?}");
-        // The timeout, and what the survivor took to tell the others and close.
-        assert!(elapsed < timeout + Duration::from_secs(3), "rank {i} exited {elapsed:?} after the kill");
-        eprintln!("rank {i} exited {elapsed:?} after the kill: {}", error["message"]);
+    // The timeout, and what a survivor took to tell the others and close.
+    for (i, error) in survivors_blame(ranks, victim, killed, timeout * 3, timeout + Duration::from_secs(3)) {
+        eprintln!("rank {i}: {}", error.split_once("message=").map_or("", |(_, m)| m));
     }
 }
 

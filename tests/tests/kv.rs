@@ -27,7 +27,7 @@ use aggbox_core::{
     kv::{combine, key_owner},
     Dtype, ReduceOp,
 };
-use aggbox_tests::{fields, kernel, license_texts, mixed, number, serial, user, zipf_key, zipf_pair, RankProcess, Zipf};
+use aggbox_tests::{fields, kernel, license_texts, mixed, number, serial, survivors_blame, user, zipf_key, zipf_pair, RankProcess, Zipf};
 
 const HOSTS: usize = 8;
 const MASTER_PORT: u16 = 29_800;
@@ -291,16 +291,7 @@ fn a_rank_killed_mid_operation_is_named_by_every_survivor() {
     std::thread::sleep(Duration::from_millis(20));
     ranks[victim].child.kill().unwrap();
     let killed = Instant::now();
-    for (i, rank) in ranks.into_iter().enumerate().filter(|(i, _)| *i != victim) {
-        let (code, lines) = rank.finish(timeout * 4);
-        let elapsed = killed.elapsed();
-        assert_eq!(code, 1, "rank {i}: {lines:?}");
-        let error = lines.iter().find(|l| l.starts_with("error ")).unwrap_or_else(|| panic!("rank {i}: {lines:?}"));
-        let parsed = fields(error);
-        assert_eq!(parsed["status"], "PeerFailed", "rank {i}: {error}");
-        assert_eq!(parsed["blamed"], victim.to_string(), "rank {i} names the killed rank: {error}");
-        assert!(elapsed < timeout + Duration::from_secs(4), "rank {i} exited {elapsed:?} after the kill");
-    }
+    survivors_blame(ranks, victim, killed, timeout * 4, timeout + Duration::from_secs(4));
 }
 
 #[test]
