@@ -203,17 +203,7 @@ fn host(
             streams.push((rank, stream));
         }
     }
-    let group = loop {
-        let candidate = random_u64()? as u32;
-        if candidate != 0 {
-            break candidate;
-        }
-    };
-    let info = GroupInfo {
-        group,
-        token: random_u64()?,
-        peers: peers.into_iter().map(|p| p.expect("every rank arrived")).collect(),
-    };
+    let info = new_group(peers.into_iter().map(|p| p.expect("every rank arrived")).collect())?;
     let table = table_text(&info);
     setup(&info)?;
     // Everyone gets the table even if one write fails; then report it.
@@ -402,7 +392,9 @@ fn serve_store(listener: TcpListener, n: usize, stop: &AtomicBool) {
                 peers[rank] = Some(peer);
                 waiting[rank] = Some(stream);
                 if peers.iter().all(Option::is_some) {
-                    let Some(info) = draw_group(&mut peers) else { continue };
+                    let Ok(info) = new_group(peers.iter().map(|p| p.clone().expect("every rank said hello")).collect()) else {
+                        continue;
+                    };
                     let table = table_text(&info);
                     // As rank 0 does: the table to everyone, every READY,
                     // then the go, so the ranks set up at the same time.
@@ -449,15 +441,15 @@ fn serve_store(listener: TcpListener, n: usize, stop: &AtomicBool) {
     }
 }
 
-/// The group of a full table: a nonzero random id and a random token.
-fn draw_group(peers: &mut [Option<PeerInfo>]) -> Option<GroupInfo> {
+/// A new group of `peers`: a random nonzero id and a random token.
+fn new_group(peers: Vec<PeerInfo>) -> Result<GroupInfo> {
     let group = loop {
-        let candidate = random_u64().ok()? as u32;
+        let candidate = random_u64()? as u32;
         if candidate != 0 {
             break candidate;
         }
     };
-    Some(GroupInfo { group, token: random_u64().ok()?, peers: peers.iter().map(|p| p.clone().expect("full")).collect() })
+    Ok(GroupInfo { group, token: random_u64()?, peers })
 }
 
 /// Any other rank: connect (retrying while rank 0 is not up), say hello,
