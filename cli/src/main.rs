@@ -134,6 +134,12 @@ enum ClusterAction {
         /// Inject faults on the frames delivered to every host: "DROP%,DUP%" or "DROP%,DUP%,REORDER%".
         #[arg(long)]
         faults: Option<String>,
+        /// No program on any interface (not even the bare XDP program on
+        /// the bridge ports, which turns TSO/GSO off on the hosts' eth0):
+        /// the network TCP peers such as Open MPI run on. AggBox's XDP_TX
+        /// replies are not delivered there, and --faults is refused.
+        #[arg(long)]
+        plain: bool,
     },
     /// Remove the cluster of that prefix.
     Down {
@@ -156,8 +162,8 @@ fn run(cli: Cli) -> Result<ExitCode, String> {
             print!("{}", report.render());
             Ok(if report.user_ok { ExitCode::SUCCESS } else { ExitCode::FAILURE })
         }
-        Command::Cluster { action: ClusterAction::Up { hosts, prefix, mtu, faults } } => {
-            let mut cluster = Cluster::up(ClusterSpec { hosts, prefix, mtu }).map_err(|e| e.to_string())?;
+        Command::Cluster { action: ClusterAction::Up { hosts, prefix, mtu, faults, plain } } => {
+            let mut cluster = Cluster::up(ClusterSpec { hosts, prefix, mtu, plain }).map_err(|e| e.to_string())?;
             if let Some(faults) = faults {
                 cluster.inject_faults(parse_faults(&faults)?).map_err(|e| e.to_string())?;
             }
@@ -165,7 +171,8 @@ fn run(cli: Cli) -> Result<ExitCode, String> {
                 println!("{} {} {}", host.netns, host.ipv4, aggbox_core::netif::format_mac(&host.mac));
             }
             let prefix = cluster.keep().map_err(|e| e.to_string())?;
-            println!("cluster {prefix} is up; run a rank with: ip netns exec {prefix}-h0 <program>; remove it with: aggbox cluster down --prefix {prefix}");
+            let kind = if plain { " (plain: no program on any interface)" } else { "" };
+            println!("cluster {prefix}{kind} is up; run a rank with: ip netns exec {prefix}-h0 <program>; remove it with: aggbox cluster down --prefix {prefix}");
             Ok(ExitCode::SUCCESS)
         }
         Command::Cluster { action: ClusterAction::Down { prefix } } => {
