@@ -1,11 +1,11 @@
 //! `aggbox bench`: measurements that print ratios taken in one run.
 //!
-//! The benches that compare AggBox with Open MPI (broadcast, allreduce,
-//! barrier) run each system on the network it would run on, one cluster at a
-//! time: AggBox on its own cluster (a bare XDP program on every bridge port,
-//! which its `XDP_TX` replies need), then Open MPI on a plain cluster (no
-//! program on any interface, so TCP keeps TSO/GSO), with the same hosts and
-//! MTU; ratios are against that. Each run writes a JSON file and a PNG plot
+//! The benches that compare AggBox with Open MPI and Gloo (broadcast,
+//! allreduce, barrier) run each system on the network it would run on, one
+//! cluster at a time: AggBox on its own cluster (a bare XDP program on every
+//! bridge port, which its `XDP_TX` replies need), then Open MPI and Gloo, one
+//! after the other, on a plain cluster (no program on any interface, so TCP
+//! keeps TSO/GSO), with the same hosts and MTU; ratios are against those. Each run writes a JSON file and a PNG plot
 //! ([`crate::results`]); `aggbox bench report` makes docs/BENCHMARKS.md's
 //! generated section from them. Progress goes to stderr.
 
@@ -97,8 +97,8 @@ pub enum Bench {
         run: RunOpts,
     },
     /// Broadcast latency, throughput and wake-ups on N hosts: kernel vs user
-    /// datapath on AggBox's cluster vs Open MPI (when installed) on a plain
-    /// one, plus the UDP floor.
+    /// datapath on AggBox's cluster vs Open MPI and Gloo (when installed) on
+    /// a plain one, plus the UDP floor.
     Broadcast {
         /// Number of hosts (one rank each).
         #[arg(long, default_value_t = 8)]
@@ -112,14 +112,17 @@ pub enum Bench {
         /// Skip Open MPI.
         #[arg(long)]
         no_mpi: bool,
+        /// Skip Gloo.
+        #[arg(long)]
+        no_gloo: bool,
         #[command(flatten)]
         run: RunOpts,
     },
     /// Allreduce (f32 sum) latency and bandwidth on N hosts at 1 Ki, 64 Ki,
     /// 1 Mi and 16 Mi elements: kernel vs user datapath and the
     /// data-movement floor (plain UDP with GSO/GRO) on AggBox's cluster vs
-    /// Open MPI (when installed) on a plain one, with wake-ups, system calls
-    /// and memory.
+    /// Open MPI and Gloo (when installed) on a plain one, with wake-ups,
+    /// system calls and memory.
     Allreduce {
         /// Number of hosts (one rank each).
         #[arg(long, default_value_t = 8)]
@@ -134,6 +137,9 @@ pub enum Bench {
         /// Skip Open MPI.
         #[arg(long)]
         no_mpi: bool,
+        /// Skip Gloo.
+        #[arg(long)]
+        no_gloo: bool,
         #[command(flatten)]
         run: RunOpts,
     },
@@ -173,7 +179,7 @@ pub enum Bench {
         rounds: usize,
     },
     /// Barrier latency on N hosts, kernel vs user datapath on AggBox's
-    /// cluster vs Open MPI (when installed) on a plain one.
+    /// cluster vs Open MPI and Gloo (when installed) on a plain one.
     Barrier {
         /// Number of hosts (one rank each).
         #[arg(long, default_value_t = 8)]
@@ -183,8 +189,8 @@ pub enum Bench {
         #[arg(long, default_value_t = 1000)]
         barriers: usize,
         /// Faults on every host's link of AggBox's cluster: "DROP%,DUP%" or
-        /// "DROP%,DUP%,REORDER%" (Open MPI is then not measured: a plain
-        /// cluster has no fault injector).
+        /// "DROP%,DUP%,REORDER%" (Open MPI and Gloo are then not measured: a
+        /// plain cluster has no fault injector).
         #[arg(long)]
         faults: Option<String>,
         /// MTU of both clusters' links.
@@ -193,6 +199,9 @@ pub enum Bench {
         /// Skip Open MPI.
         #[arg(long)]
         no_mpi: bool,
+        /// Skip Gloo.
+        #[arg(long)]
+        no_gloo: bool,
         #[command(flatten)]
         run: RunOpts,
     },
@@ -231,13 +240,13 @@ pub fn run(bench: Bench) -> Result<(), String> {
     match bench {
         Bench::Fold { rounds, trials } => fold(rounds, trials),
         Bench::Tcp { seconds, rounds, mtu, run } => tcp(seconds, rounds, &mtu, &run),
-        Bench::Broadcast { hosts, mtu, rounds, no_mpi, run } => broadcast(hosts, mtu, rounds, !no_mpi, &run),
-        Bench::Allreduce { hosts, mtu, rounds, no_mpi, run } => allreduce(hosts, mtu, rounds, !no_mpi, &run),
+        Bench::Broadcast { hosts, mtu, rounds, no_mpi, no_gloo, run } => broadcast(hosts, mtu, rounds, (!no_mpi, !no_gloo), &run),
+        Bench::Allreduce { hosts, mtu, rounds, no_mpi, no_gloo, run } => allreduce(hosts, mtu, rounds, (!no_mpi, !no_gloo), &run),
         Bench::Kv { hosts, pairs, distinct, rounds, capacity } => kv(hosts, pairs, distinct, rounds, capacity),
         Bench::Agree { hosts, rounds } => crate::agree_bench::agree(hosts, rounds),
-        Bench::Barrier { hosts, barriers, faults, mtu, no_mpi, run } => {
+        Bench::Barrier { hosts, barriers, faults, mtu, no_mpi, no_gloo, run } => {
             let faults = faults.map(|f| crate::parse_faults(&f)).transpose()?;
-            barrier(hosts, barriers, faults, mtu, !no_mpi, &run)
+            barrier(hosts, barriers, faults, mtu, (!no_mpi, !no_gloo), &run)
         }
         Bench::Report { dir, doc, dry_run } => crate::results::report(&dir, &doc, dry_run),
     }
@@ -340,9 +349,9 @@ fn failures(outs: &[RankOut]) -> String {
         .join("; ")
 }
 
-/// One line of an Open MPI baseline's output (`mpi op=…`).
+/// One line of a peer's baseline output (`mpi op=…`, `gloo op=…`).
 #[derive(Clone, Copy, Debug)]
-struct MpiLine {
+struct PeerLine {
     bytes: usize,
     /// The slowest rank's own time after a barrier, (p50, p99) µs.
     slowest: (f64, f64),
@@ -351,130 +360,229 @@ struct MpiLine {
     rounds: usize,
 }
 
-/// What running an Open MPI baseline gave.
-enum Mpi {
-    /// Open MPI (or bench/mpi/run.sh) is not installed here.
-    Missing,
-    /// It ran and failed: its exit status and its stderr's last lines.
-    Failed(String),
-    /// Its `mpi op=…` lines, and the library it reported.
-    Ran { lines: Vec<(String, MpiLine)>, library: String },
+/// A peer AggBox is compared with, run on a plain cluster by its script.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Peer {
+    /// Open MPI over TCP (bench/mpi/run.sh).
+    OpenMpi,
+    /// Gloo over TCP, Debian's libgloo (bench/gloo/run.sh).
+    Gloo,
 }
 
-impl Mpi {
-    /// The lines of operation `op`.
-    fn rows(&self, op: &str) -> Vec<MpiLine> {
+impl Peer {
+    /// Its name in tables and run files.
+    fn name(self) -> &'static str {
         match self {
-            Mpi::Ran { lines, .. } => lines.iter().filter(|(o, _)| o == op).map(|(_, l)| *l).collect(),
+            Peer::OpenMpi => "Open MPI",
+            Peer::Gloo => "Gloo",
+        }
+    }
+
+    /// The script that runs it on a cluster.
+    fn script(self) -> &'static str {
+        match self {
+            Peer::OpenMpi => MPI_SCRIPT,
+            Peer::Gloo => GLOO_SCRIPT,
+        }
+    }
+
+    /// The start of its output lines.
+    fn tag(self) -> &'static str {
+        match self {
+            Peer::OpenMpi => "mpi",
+            Peer::Gloo => "gloo",
+        }
+    }
+
+    /// Whether it is installed here (with its script), else how to install it.
+    fn installed(self) -> Result<(), String> {
+        let here = |command: &str| {
+            std::process::Command::new("sh").args(["-c", command]).output().is_ok_and(|o| o.status.success() && !o.stdout.is_empty())
+        };
+        let ok = Path::new(self.script()).exists()
+            && match self {
+                Peer::OpenMpi => here("command -v mpirun.openmpi || command -v mpirun"),
+                Peer::Gloo => Path::new(GLOO_HEADER).exists() && here("command -v g++"),
+            };
+        match (ok, self) {
+            (true, _) => Ok(()),
+            (false, Peer::OpenMpi) => Err("mpirun (Open MPI) not found; run scripts/mpi-setup.sh to install it".into()),
+            (false, Peer::Gloo) => Err(format!("Gloo ({GLOO_HEADER}) or g++ not found; run scripts/gloo-setup.sh to install it")),
+        }
+    }
+
+    /// The script's arguments before the program's: which program, the
+    /// cluster, its hosts.
+    fn script_args(self, program: &str, cluster: &Cluster) -> Vec<String> {
+        let (prefix, n) = (cluster.prefix().to_string(), cluster.hosts().len().to_string());
+        match self {
+            Peer::OpenMpi => vec!["--bench".into(), program.into(), prefix, n, "--".into()],
+            Peer::Gloo => vec![prefix, n, "--".into(), program.into()],
+        }
+    }
+}
+
+/// Where the Gloo baseline is run from, and the header that says Gloo is
+/// installed.
+const GLOO_SCRIPT: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../bench/gloo/run.sh");
+const GLOO_HEADER: &str = "/usr/include/gloo/allreduce.h";
+
+/// What running a peer's baseline gave.
+enum PeerRun {
+    /// It was not run: why.
+    Skipped(String),
+    /// It ran and failed: its exit status and its stderr's last lines.
+    Failed(String),
+    /// Its `<tag> op=…` lines, and the library it reported.
+    Ran { lines: Vec<(String, PeerLine)>, library: String },
+}
+
+impl PeerRun {
+    /// The lines of operation `op`.
+    fn rows(&self, op: &str) -> Vec<PeerLine> {
+        match self {
+            PeerRun::Ran { lines, .. } => lines.iter().filter(|(o, _)| o == op).map(|(_, l)| *l).collect(),
             _ => Vec::new(),
         }
     }
-
-    /// Why there are no rows, for the table and the run file.
-    fn absence(&self) -> Option<String> {
-        match self {
-            Mpi::Missing => Some("Open MPI: not measured: mpirun (Open MPI) not found; run scripts/mpi-setup.sh to install it".into()),
-            Mpi::Failed(why) => Some(format!("Open MPI: failed, not measured: {why}")),
-            Mpi::Ran { .. } => None,
-        }
-    }
 }
 
-/// Whether Open MPI's mpirun and bench/mpi/run.sh are here.
-fn mpi_installed() -> bool {
-    Path::new(MPI_SCRIPT).exists()
-        && std::process::Command::new("sh")
-            .args(["-c", "command -v mpirun.openmpi || command -v mpirun"])
-            .output()
-            .is_ok_and(|o| !o.stdout.is_empty())
-}
-
-/// Runs bench/mpi/run.sh `--bench program` on every host of `cluster` with
-/// `args` for the program, passing its progress on to stderr.
-fn run_mpi(cluster: &Cluster, program: &str, args: &[String]) -> Mpi {
-    if !mpi_installed() {
-        return Mpi::Missing;
+/// Runs `peer`'s `program` on every host of `cluster` with `args` for the
+/// program, passing its progress on to stderr.
+fn run_peer(peer: Peer, cluster: &Cluster, program: &str, args: &[String]) -> PeerRun {
+    if let Err(why) = peer.installed() {
+        return PeerRun::Skipped(why);
     }
+    let (name, tag, script) = (peer.name(), peer.tag(), peer.script());
     let n = cluster.hosts().len();
-    progress(&format!("Open MPI ({program}) on {n} hosts of {}: {}", cluster.prefix(), args.join(" ")));
+    progress(&format!("{name} ({program}) on {n} hosts of {}: {}", cluster.prefix(), args.join(" ")));
     let child = std::process::Command::new("bash")
-        .arg(MPI_SCRIPT)
-        .args(["--bench", program, cluster.prefix(), &n.to_string(), "--"])
+        .arg(script)
+        .args(peer.script_args(program, cluster))
         .args(args)
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn();
     let mut child = match child {
         Ok(child) => child,
-        Err(e) => return Mpi::Failed(format!("starting {MPI_SCRIPT}: {e}")),
+        Err(e) => return PeerRun::Failed(format!("starting {script}: {e}")),
     };
     let stderr = child.stderr.take();
     let reader = thread::spawn(move || {
         let mut kept = Vec::new();
         for line in stderr.into_iter().flat_map(|e| BufReader::new(e).lines().map_while(Result::ok)) {
-            if line.starts_with("run.sh:") {
-                progress(&format!("Open MPI: {}", line.trim_start_matches("run.sh:").trim()));
+            if let Some(rest) = line.strip_prefix("run.sh:") {
+                progress(&format!("{name}: {}", rest.trim()));
             }
             kept.push(line);
         }
         kept
     });
     let (mut lines, mut library) = (Vec::new(), String::new());
+    let (ranks_prefix, op_prefix) = (format!("{tag} ranks="), format!("{tag} op="));
     for line in child.stdout.take().into_iter().flat_map(|o| BufReader::new(o).lines().map_while(Result::ok)) {
-        if let Some(rest) = line.strip_prefix("mpi ranks=") {
-            library = rest.split("library=").nth(1).unwrap_or("").trim_matches('"').to_string();
+        if line.starts_with(&ranks_prefix) {
+            library = line.split("library=").nth(1).unwrap_or("").trim_matches('"').to_string();
         }
-        if !line.starts_with("mpi op=") {
+        if !line.starts_with(&op_prefix) {
             continue;
         }
         let op = line.split_whitespace().find_map(|w| w.strip_prefix("op=")).unwrap_or("").to_string();
         let span = (!field(&line, "span_p50_us").is_nan()).then(|| (field(&line, "span_p50_us"), field(&line, "span_p99_us")));
-        let parsed = MpiLine {
+        let parsed = PeerLine {
             bytes: field(&line, "bytes") as usize,
             slowest: (field(&line, "p50_us"), field(&line, "p99_us")),
             span,
             rounds: field(&line, "rounds") as usize,
         };
-        progress(&format!("Open MPI: {op} {}: p50 {:.1} µs, {} rounds", human(parsed.bytes), parsed.slowest.0, parsed.rounds));
+        progress(&format!("{name}: {op} {}: p50 {:.1} µs, {} rounds", human(parsed.bytes), parsed.slowest.0, parsed.rounds));
         lines.push((op, parsed));
     }
     let status = child.wait();
     let stderr = reader.join().unwrap_or_default();
     match status {
-        Ok(status) if status.success() && !lines.is_empty() => Mpi::Ran { lines, library },
+        Ok(status) if status.success() && !lines.is_empty() => PeerRun::Ran { lines, library },
         Ok(status) => {
             let tail: Vec<&str> = stderr.iter().rev().take(5).map(String::as_str).collect();
-            Mpi::Failed(format!("{status}: {}", tail.into_iter().rev().collect::<Vec<_>>().join(" / ")))
+            PeerRun::Failed(format!("{status}: {}", tail.into_iter().rev().collect::<Vec<_>>().join(" / ")))
         }
-        Err(e) => Mpi::Failed(format!("waiting for {MPI_SCRIPT}: {e}")),
+        Err(e) => PeerRun::Failed(format!("waiting for {script}: {e}")),
     }
 }
 
-/// Brings up a plain cluster like AggBox's, runs `program` of bench/mpi on
-/// it and takes it down; records its network in `run`. `None` (and a note)
-/// when Open MPI is not installed or was not asked for.
-fn mpi_on_plain(opts: &RunOpts, run: &mut RunFile, with_mpi: bool, program: &str, args: &[String]) -> Result<Mpi, String> {
-    if !with_mpi {
+/// The peers to run, each with its program and its arguments.
+type PeerJobs<'a> = Vec<(Peer, &'a str, Vec<String>)>;
+
+/// Brings up one plain cluster like AggBox's (hosts, MTU), runs each of
+/// `jobs` on it in turn and takes it down; records its network, and for each
+/// peer what it was or why it was not measured, in `run`. No cluster when
+/// no peer can run.
+fn peers_on_plain(opts: &RunOpts, run: &mut RunFile, jobs: PeerJobs) -> Result<Vec<(Peer, PeerRun)>, String> {
+    let mut outcomes = Vec::new();
+    let mut runnable = Vec::new();
+    for (peer, program, args) in jobs {
+        match peer.installed() {
+            Ok(()) => runnable.push((peer, program, args)),
+            Err(why) => outcomes.push((peer, PeerRun::Skipped(why))),
+        }
+    }
+    if !runnable.is_empty() {
+        let plain = opts.cluster(run.hosts, run.mtu, true)?;
+        run.networks.push(network_of(&plain));
+        for (peer, program, args) in runnable {
+            let outcome = run_peer(peer, &plain, program, &args);
+            outcomes.push((peer, outcome));
+        }
+        drop(plain);
+        progress("plain cluster removed");
+    }
+    for (peer, outcome) in &outcomes {
+        let name = peer.name();
+        run.notes.push(match outcome {
+            PeerRun::Ran { library, .. } => match peer {
+                Peer::OpenMpi => format!(
+                    "{name}: {library}, TCP BTL, ob1, mpi_yield_when_idle 1, one rank per host (bench/mpi/run.sh)"
+                ),
+                Peer::Gloo => format!(
+                    "{name}: Debian's libgloo{}, TCP transport, gloo::broadcast/allreduce/barrier, one rank per host (bench/gloo/run.sh)",
+                    debian_version("libgloo0").map_or(String::new(), |v| format!(" {v}"))
+                ),
+            },
+            PeerRun::Skipped(why) => format!("{name}: not measured: {why}"),
+            PeerRun::Failed(why) => format!("{name}: failed, not measured: {why}"),
+        });
+    }
+    Ok(outcomes)
+}
+
+/// The installed version of Debian package `package`.
+fn debian_version(package: &str) -> Option<String> {
+    let out = std::process::Command::new("dpkg-query").args(["-W", "-f=${Version}", package]).output().ok()?;
+    let text = String::from_utf8_lossy(&out.stdout).trim().to_string();
+    (out.status.success() && !text.is_empty()).then_some(text)
+}
+
+/// The peers a bench runs, with `program` and `args` for Open MPI and
+/// `gloo_op` and the same `args` for Gloo; `skipped` notes those left out
+/// by the options.
+fn peer_jobs<'a>(run: &mut RunFile, with_mpi: bool, with_gloo: bool, program: &'a str, gloo_op: &'a str, args: &[String]) -> PeerJobs<'a> {
+    let mut jobs = Vec::new();
+    if with_mpi {
+        jobs.push((Peer::OpenMpi, program, args.to_vec()));
+    } else {
         run.notes.push("Open MPI: not measured (--no-mpi)".into());
-        return Ok(Mpi::Missing);
     }
-    if !mpi_installed() {
-        let mpi = Mpi::Missing;
-        run.notes.extend(mpi.absence());
-        return Ok(mpi);
+    if with_gloo {
+        jobs.push((Peer::Gloo, gloo_op, args.to_vec()));
+    } else {
+        run.notes.push("Gloo: not measured (--no-gloo)".into());
     }
-    let plain = opts.cluster(run.hosts, run.mtu, true)?;
-    run.networks.push(network_of(&plain));
-    let mpi = run_mpi(&plain, program, args);
-    drop(plain);
-    progress("plain cluster removed");
-    if let Mpi::Ran { library, .. } = &mpi {
-        run.notes.push(format!(
-            "Open MPI: {library}, TCP BTL, ob1, mpi_yield_when_idle 1, one rank per host (bench/mpi/run.sh --bench {program})"
-        ));
-    }
-    run.notes.extend(mpi.absence());
-    Ok(mpi)
+    jobs
+}
+
+/// The rows `peer` gave of operation `op`.
+fn peer_rows(outcomes: &[(Peer, PeerRun)], peer: Peer, op: &str) -> Vec<PeerLine> {
+    outcomes.iter().find(|(p, _)| *p == peer).map(|(_, o)| o.rows(op)).unwrap_or_default()
 }
 
 /// A row of AggBox on its cluster.
@@ -494,13 +602,13 @@ fn aggbox_row(datapath: &str, mtu: u32, bytes: usize, count: Option<usize>, meas
     }
 }
 
-/// The rows of Open MPI's lines of `op` (on the plain network): the slowest
-/// rank's time and, when measured, the span.
-fn mpi_run_rows(lines: &[MpiLine], mtu: u32, count_of: impl Fn(usize) -> Option<usize>) -> Vec<Row> {
+/// The rows of a peer's lines (on the plain network): the slowest rank's
+/// time and, when measured, the span.
+fn peer_run_rows(peer: Peer, lines: &[PeerLine], mtu: u32, count_of: impl Fn(usize) -> Option<usize>) -> Vec<Row> {
     let mut rows = Vec::new();
     for line in lines {
         let base = Row {
-            system: "Open MPI".into(),
+            system: peer.name().into(),
             datapath: None,
             network: "plain".into(),
             mtu,
@@ -711,7 +819,8 @@ fn list_field(line: &str, key: &str) -> Vec<f64> {
 }
 
 /// `aggbox bench barrier`.
-fn barrier(hosts: usize, barriers: usize, faults: Option<FaultSpec>, mtu: u32, with_mpi: bool, opts: &RunOpts) -> Result<(), String> {
+fn barrier(hosts: usize, barriers: usize, faults: Option<FaultSpec>, mtu: u32, peers: (bool, bool), opts: &RunOpts) -> Result<(), String> {
+    let (with_mpi, with_gloo) = peers;
     let mut run = RunFile::new("barrier", hosts, mtu);
     let mut aggbox = Vec::new();
     {
@@ -742,35 +851,53 @@ fn barrier(hosts: usize, barriers: usize, faults: Option<FaultSpec>, mtu: u32, w
             run.notes.push(note);
         }
     }
-    let mpi = if faults.is_some() && with_mpi {
-        run.notes.push("Open MPI: not measured with --faults (a plain cluster has no fault injector)".into());
-        Mpi::Missing
+    let outcomes = if faults.is_some() {
+        for (peer, asked) in [(Peer::OpenMpi, with_mpi), (Peer::Gloo, with_gloo)] {
+            if asked {
+                run.notes.push(format!("{}: not measured with --faults (a plain cluster has no fault injector)", peer.name()));
+            }
+        }
+        Vec::new()
     } else {
         let args = ["-w", "3", "-t", "0", "-r", &barriers.to_string()].map(String::from);
-        mpi_on_plain(opts, &mut run, with_mpi, "barrier", &args)?
+        let jobs = peer_jobs(&mut run, with_mpi, with_gloo, "barrier", "barrier", &args);
+        peers_on_plain(opts, &mut run, jobs)?
     };
-    let mpi_row = mpi.rows("barrier").first().copied();
-    if let Some(m) = mpi_row {
-        run.rows.extend(mpi_run_rows(&[m], mtu, |_| None));
+    let peer_row = |peer: Peer| peer_rows(&outcomes, peer, "barrier").first().copied();
+    let (mpi_row, gloo_row) = (peer_row(Peer::OpenMpi), peer_row(Peer::Gloo));
+    for (peer, row) in [(Peer::OpenMpi, mpi_row), (Peer::Gloo, gloo_row)] {
+        run.rows.extend(row.map(|m| peer_run_rows(peer, &[m], mtu, |_| None)).unwrap_or_default());
     }
     println!("barrier on {hosts} hosts, MTU {mtu}; a sample: a barrier, then each rank times its own barrier; the slowest rank's time, p50 (p99) in µs");
     for network in &run.networks {
-        let who = if network.kind == "plain" { "Open MPI" } else { "AggBox" };
+        let who = if network.kind == "plain" { "Open MPI, Gloo" } else { "AggBox" };
         println!("  {who}: {}", network.description);
     }
-    println!("{:>18} | {:>17} | {:>22} | {:>11} | {:>8}", "system", "p50 (p99)", "back to back, per op", "retransmits", "/ MPI");
+    let ratio = |a: f64, b: Option<PeerLine>| b.map_or("-".to_string(), |b| format!("{:.2}", a / b.slowest.0));
+    println!("{:>18} | {:>17} | {:>22} | {:>11} | {:>8} {:>8}", "system", "p50 (p99)", "back to back, per op", "retransmits", "/ MPI", "/ Gloo");
     for (datapath, sampled, back_to_back, retransmits) in &aggbox {
         println!(
-            "{:>18} | {:>17} | {:>22.1} | {:>11} | {:>8}",
+            "{:>18} | {:>17} | {:>22.1} | {:>11} | {:>8} {:>8}",
             format!("AggBox {datapath}"),
             format!("{:.1} ({:.1})", sampled.0, sampled.1),
             back_to_back,
             retransmits,
-            mpi_row.map_or("-".into(), |m| format!("{:.2}", sampled.0 / m.slowest.0))
+            ratio(sampled.0, mpi_row),
+            ratio(sampled.0, gloo_row),
         );
     }
-    if let Some(m) = mpi_row {
-        println!("{:>18} | {:>17} | {:>22} | {:>11} | {:>8}", "Open MPI", format!("{:.1} ({:.1})", m.slowest.0, m.slowest.1), "-", "-", "1.00");
+    for (peer, row) in [(Peer::OpenMpi, mpi_row), (Peer::Gloo, gloo_row)] {
+        if let Some(m) = row {
+            println!(
+                "{:>18} | {:>17} | {:>22} | {:>11} | {:>8} {:>8}",
+                peer.name(),
+                format!("{:.1} ({:.1})", m.slowest.0, m.slowest.1),
+                "-",
+                "-",
+                ratio(m.slowest.0, mpi_row),
+                ratio(m.slowest.0, gloo_row),
+            );
+        }
     }
     for note in &run.notes {
         println!("{note}");
@@ -1043,7 +1170,8 @@ fn human(size: usize) -> String {
 }
 
 /// `aggbox bench broadcast`.
-pub fn broadcast(hosts: usize, mtu: u32, rounds: usize, with_mpi: bool, opts: &RunOpts) -> Result<(), String> {
+pub fn broadcast(hosts: usize, mtu: u32, rounds: usize, peers: (bool, bool), opts: &RunOpts) -> Result<(), String> {
+    let (with_mpi, with_gloo) = peers;
     let sizes = [64, 1024, 64 << 10, 1 << 20, 64 << 20];
     let mut run = RunFile::new("broadcast", hosts, mtu);
     let (kernel, user, floor) = {
@@ -1056,9 +1184,11 @@ pub fn broadcast(hosts: usize, mtu: u32, rounds: usize, with_mpi: bool, opts: &R
         (kernel, user, floor)
     };
     progress("AggBox's cluster removed");
-    let mpi_args: Vec<String> = std::iter::once("-s".to_string()).chain(sizes.iter().map(|s| s.to_string())).collect();
-    let mpi = mpi_on_plain(opts, &mut run, with_mpi, "bcast", &mpi_args)?;
-    let mpi_rows = mpi.rows("bcast");
+    let peer_args: Vec<String> = std::iter::once("-s".to_string()).chain(sizes.iter().map(|s| s.to_string())).collect();
+    let jobs = peer_jobs(&mut run, with_mpi, with_gloo, "bcast", "bcast", &peer_args);
+    let outcomes = peers_on_plain(opts, &mut run, jobs)?;
+    let mpi_rows = peer_rows(&outcomes, Peer::OpenMpi, "bcast");
+    let gloo_rows = peer_rows(&outcomes, Peer::Gloo, "bcast");
     for (datapath, r) in [("kernel", &kernel), ("user", &user)] {
         for l in &r.latencies {
             for (measure, p) in [("slowest", l.slowest), ("span", l.span), ("root", l.root)] {
@@ -1066,26 +1196,30 @@ pub fn broadcast(hosts: usize, mtu: u32, rounds: usize, with_mpi: bool, opts: &R
             }
         }
     }
-    run.rows.extend(mpi_run_rows(&mpi_rows, mtu, |_| None));
+    run.rows.extend(peer_run_rows(Peer::OpenMpi, &mpi_rows, mtu, |_| None));
+    run.rows.extend(peer_run_rows(Peer::Gloo, &gloo_rows, mtu, |_| None));
     println!(
         "broadcast on {hosts} hosts, MTU {mtu} (chunk {} B), root 0, p50 in µs. root: the root's call (until every receiver holds the data); \
          span: from the root's start to the last receiver's return (one clock); slowest: the slowest rank's own time after the barrier (bench/mpi's default)",
         aggbox_core::wire::chunk_size(mtu)
     );
     for network in &run.networks {
-        let who = if network.kind == "plain" { "Open MPI" } else { "AggBox (kernel, user, UDP ping-pong)" };
+        let who = if network.kind == "plain" { "Open MPI, Gloo" } else { "AggBox (kernel, user, UDP ping-pong)" };
         println!("  {who}: {}", network.description);
     }
     println!(
-        "{:>8} | {:>26} | {:>26} | {:>18} | {:>11} {:>10} {:>10} {:>10}",
-        "size", "kernel root/span/slowest", "user root/span/slowest", "Open MPI span/slow", "kernel/user", "k/MPI slow", "u/MPI slow", "k/MPI span"
+        "{:>8} | {:>26} | {:>26} | {:>18} | {:>18} | {:>11} {:>6} {:>6} {:>6} {:>6}",
+        "size", "kernel root/span/slowest", "user root/span/slowest", "Open MPI span/slow", "Gloo span/slow", "kernel/user", "k/MPI", "u/MPI", "k/Gloo", "u/Gloo"
     );
     let mpi_row = |size: usize| mpi_rows.iter().find(|r| r.bytes == size);
-    let span_of = |m: &MpiLine| m.span.map_or(f64::NAN, |s| s.0);
+    let gloo_row = |size: usize| gloo_rows.iter().find(|r| r.bytes == size);
+    let span_of = |m: &PeerLine| m.span.map_or(f64::NAN, |s| s.0);
+    let both = |m: Option<&PeerLine>| m.map_or("-".into(), |m| format!("{:.1} {:.1}", span_of(m), m.slowest.0));
+    let ratio = |a: f64, m: Option<&PeerLine>| m.map_or("-".into(), |m| format!("{:.2}", a / m.slowest.0));
     for (k, u) in kernel.latencies.iter().zip(&user.latencies) {
-        let m = mpi_row(k.size);
+        let (m, g) = (mpi_row(k.size), gloo_row(k.size));
         println!(
-            "{:>8} | {:>8.1} {:>8.1} {:>8.1} | {:>8.1} {:>8.1} {:>8.1} | {:>18} | {:>11.3} {:>10} {:>10} {:>10}",
+            "{:>8} | {:>8.1} {:>8.1} {:>8.1} | {:>8.1} {:>8.1} {:>8.1} | {:>18} | {:>18} | {:>11.3} {:>6} {:>6} {:>6} {:>6}",
             human(k.size),
             k.root.0,
             k.span.0,
@@ -1093,21 +1227,27 @@ pub fn broadcast(hosts: usize, mtu: u32, rounds: usize, with_mpi: bool, opts: &R
             u.root.0,
             u.span.0,
             u.slowest.0,
-            m.map_or("-".into(), |m| format!("{:.1} {:.1}", span_of(m), m.slowest.0)),
+            both(m),
+            both(g),
             k.span.0 / u.span.0,
-            m.map_or("-".into(), |m| format!("{:.3}", k.slowest.0 / m.slowest.0)),
-            m.map_or("-".into(), |m| format!("{:.3}", u.slowest.0 / m.slowest.0)),
-            m.map_or("-".into(), |m| format!("{:.3}", k.span.0 / span_of(m))),
+            ratio(k.slowest.0, m),
+            ratio(u.slowest.0, m),
+            ratio(k.slowest.0, g),
+            ratio(u.slowest.0, g),
         );
     }
-    println!("ratios: kernel/user compares spans; k/MPI slow and u/MPI slow the slowest rank's own times after a barrier (the issue's sampling); k/MPI span the spans");
+    println!(
+        "ratios: kernel/user compares spans; k/MPI, u/MPI, k/Gloo, u/Gloo the slowest rank's own times after a barrier (p50; the sampling bench/mpi uses)"
+    );
     for (label, r) in [("kernel", &kernel), ("user", &user)] {
         let p99: Vec<String> = r.latencies.iter().map(|r| format!("{} {:.1}/{:.1}", human(r.size), r.root.1, r.span.1)).collect();
         println!("{label} p99 root/span: {}", p99.join(", "));
     }
-    if !mpi_rows.is_empty() {
-        let p99: Vec<String> = mpi_rows.iter().map(|r| format!("{} {:.1}/{:.1}", human(r.bytes), r.span.map_or(f64::NAN, |s| s.1), r.slowest.1)).collect();
-        println!("Open MPI p99 span/slowest: {}", p99.join(", "));
+    for (peer, rows) in [(Peer::OpenMpi, &mpi_rows), (Peer::Gloo, &gloo_rows)] {
+        if !rows.is_empty() {
+            let p99: Vec<String> = rows.iter().map(|r| format!("{} {:.1}/{:.1}", human(r.bytes), r.span.map_or(f64::NAN, |s| s.1), r.slowest.1)).collect();
+            println!("{} p99 span/slowest: {}", peer.name(), p99.join(", "));
+        }
     }
     for note in &run.notes {
         println!("{note}");
@@ -1118,7 +1258,10 @@ pub fn broadcast(hosts: usize, mtu: u32, rounds: usize, with_mpi: bool, opts: &R
         "64 MiB throughput (span): kernel {:.0} MB/s, user {:.0} MB/s{}",
         throughput(kernel.latencies.last().unwrap().span.0),
         throughput(user.latencies.last().unwrap().span.0),
-        mpi_row(big).map_or(String::new(), |m| format!(", Open MPI {:.0} MB/s", throughput(span_of(m))))
+        [(Peer::OpenMpi, mpi_row(big)), (Peer::Gloo, gloo_row(big))]
+            .iter()
+            .filter_map(|(peer, m)| m.map(|m| format!(", {} {:.0} MB/s", peer.name(), throughput(span_of(m)))))
+            .collect::<String>()
     );
     let floor_note = format!("UDP ping-pong between two hosts of AggBox's cluster (blocking receives): p50 {floor:.1} µs round trip");
     println!("{floor_note}");
@@ -2003,7 +2146,8 @@ fn human_count(count: usize) -> String {
 }
 
 /// `aggbox bench allreduce`.
-pub fn allreduce(hosts: usize, mtu: u32, rounds: usize, with_mpi: bool, opts: &RunOpts) -> Result<(), String> {
+pub fn allreduce(hosts: usize, mtu: u32, rounds: usize, peers: (bool, bool), opts: &RunOpts) -> Result<(), String> {
+    let (with_mpi, with_gloo) = peers;
     let counts = ALLREDUCE_COUNTS;
     let mut run = RunFile::new("allreduce", hosts, mtu);
     let chunk = aggbox_core::wire::chunk_size(mtu);
@@ -2040,9 +2184,11 @@ pub fn allreduce(hosts: usize, mtu: u32, rounds: usize, with_mpi: bool, opts: &R
         .chain(counts.iter().map(|c| c.to_string()))
         .collect();
     let mpi_started = std::time::Instant::now();
-    let mpi_run = mpi_on_plain(opts, &mut run, with_mpi, "allreduce", &mpi_args)?;
+    let jobs = peer_jobs(&mut run, with_mpi, with_gloo, "allreduce", "allreduce", &mpi_args);
+    let outcomes = peers_on_plain(opts, &mut run, jobs)?;
     let mpi_time = mpi_started.elapsed();
-    let mpi_rows = mpi_run.rows("allreduce");
+    let mpi_rows = peer_rows(&outcomes, Peer::OpenMpi, "allreduce");
+    let gloo_rows = peer_rows(&outcomes, Peer::Gloo, "allreduce");
     let mpi = (!mpi_rows.is_empty()).then_some(&mpi_rows);
     for (datapath, r) in [("kernel", &kernel), ("user", &user)] {
         for l in &r.latencies {
@@ -2060,9 +2206,10 @@ pub fn allreduce(hosts: usize, mtu: u32, rounds: usize, with_mpi: bool, opts: &R
             });
         }
     }
-    run.rows.extend(mpi_run_rows(&mpi_rows, mtu, |bytes| Some(bytes / 4)));
+    run.rows.extend(peer_run_rows(Peer::OpenMpi, &mpi_rows, mtu, |bytes| Some(bytes / 4)));
+    run.rows.extend(peer_run_rows(Peer::Gloo, &gloo_rows, mtu, |bytes| Some(bytes / 4)));
     for network in &run.networks {
-        let who = if network.kind == "plain" { "Open MPI" } else { "AggBox (kernel, user) and the floor" };
+        let who = if network.kind == "plain" { "Open MPI, Gloo" } else { "AggBox (kernel, user) and the floor" };
         println!("  {who}: {}", network.description);
     }
 
@@ -2092,6 +2239,7 @@ pub fn allreduce(hosts: usize, mtu: u32, rounds: usize, with_mpi: bool, opts: &R
         );
     }
     let mpi_row = |count: usize| mpi.and_then(|rows| rows.iter().find(|r| r.bytes == count * 4));
+    let gloo_row = |count: usize| gloo_rows.iter().find(|r| r.bytes == count * 4);
     let fmt = |p: (f64, f64)| format!("{:.0} ({:.0})", p.0, p.1);
     let ratio = |a: f64, b: Option<f64>| b.map_or("-".to_string(), |b| format!("{:.2}", a / b));
     for (title, pick) in [
@@ -2102,19 +2250,23 @@ pub fn allreduce(hosts: usize, mtu: u32, rounds: usize, with_mpi: bool, opts: &R
         let get_floor = |f: &FloorResult| if pick == 0 { f.slowest } else { f.span };
         println!("{title}:");
         println!(
-            "  {:>6} | {:>17} | {:>17} | {:>17} | {:>17} | {:>6} {:>6} {:>7}",
-            "count", "kernel", "user", "Open MPI", "floor", "k/MPI", "k/user", "k/floor"
+            "  {:>6} | {:>17} | {:>17} | {:>17} | {:>17} | {:>17} | {:>6} {:>6} {:>6} {:>7}",
+            "count", "kernel", "user", "Open MPI", "Gloo", "floor", "k/MPI", "k/Gloo", "k/user", "k/floor"
         );
+        let pick_peer = |m: &PeerLine| if pick == 0 { Some(m.slowest) } else { m.span };
         for (k, (u, f)) in kernel.latencies.iter().zip(user.latencies.iter().zip(&floor)) {
-            let m = mpi_row(k.count).and_then(|m| if pick == 0 { Some(m.slowest) } else { m.span });
+            let m = mpi_row(k.count).and_then(pick_peer);
+            let g = gloo_row(k.count).and_then(pick_peer);
             println!(
-                "  {:>6} | {:>17} | {:>17} | {:>17} | {:>17} | {:>6} {:>6} {:>7}",
+                "  {:>6} | {:>17} | {:>17} | {:>17} | {:>17} | {:>17} | {:>6} {:>6} {:>6} {:>7}",
                 human_count(k.count),
                 fmt(get(k)),
                 fmt(get(u)),
                 m.map_or("-".into(), fmt),
+                g.map_or("-".into(), fmt),
                 fmt(get_floor(f)),
                 ratio(get(k).0, m.map(|m| m.0)),
+                ratio(get(k).0, g.map(|g| g.0)),
                 ratio(get(k).0, Some(get(u).0)),
                 ratio(get(k).0, Some(get_floor(f).0)),
             );
@@ -2124,24 +2276,30 @@ pub fn allreduce(hosts: usize, mtu: u32, rounds: usize, with_mpi: bool, opts: &R
     for (k, (u, f)) in kernel.latencies.iter().zip(user.latencies.iter().zip(&floor)) {
         let bytes = (k.count * 4) as f64;
         println!(
-            "  {:>6} ({:>5}): kernel {:>6.1}, user {:>6.1}, Open MPI {:>6}, floor {:>6.1}",
+            "  {:>6} ({:>5}): kernel {:>6.1}, user {:>6.1}, Open MPI {:>6}, Gloo {:>6}, floor {:>6.1}",
             human_count(k.count),
             human(k.count * 4),
             bytes / k.slowest.0,
             bytes / u.slowest.0,
             mpi_row(k.count).map_or("-".into(), |m| format!("{:.1}", bytes / m.slowest.0)),
+            gloo_row(k.count).map_or("-".into(), |m| format!("{:.1}", bytes / m.slowest.0)),
             bytes / f.slowest.0,
         );
     }
     let rounds_of = |l: &[ArLatency]| l.iter().map(|l| format!("{} {}", human_count(l.count), l.rounds)).collect::<Vec<_>>().join(", ");
     println!(
-        "timed rounds: kernel and user {}; Open MPI {}; floor {}",
+        "timed rounds: kernel and user {}; Open MPI {}; Gloo {}; floor {}",
         rounds_of(&kernel.latencies),
         mpi.map_or("-".into(), |rows| rows
             .iter()
             .map(|r| format!("{} {}", human_count(r.bytes / 4), r.rounds))
             .collect::<Vec<_>>()
             .join(", ")),
+        if gloo_rows.is_empty() {
+            "-".to_string()
+        } else {
+            gloo_rows.iter().map(|r| format!("{} {}", human_count(r.bytes / 4), r.rounds)).collect::<Vec<_>>().join(", ")
+        },
         floor.iter().map(|f| format!("{} {}", human_count(f.count), f.rounds)).collect::<Vec<_>>().join(", "),
     );
     for note in &run.notes {
@@ -2227,7 +2385,7 @@ pub fn allreduce(hosts: usize, mtu: u32, rounds: usize, with_mpi: bool, opts: &R
         at(&kernel, 16 << 20) / floor.iter().find(|f| f.count == 16 << 20).map_or(f64::NAN, |f| f.slowest.0),
     );
     println!(
-        "run time: AggBox {:.1} s, floor {:.1} s, Open MPI {:.1} s (its plain cluster's set-up included)",
+        "run time: AggBox {:.1} s, floor {:.1} s, Open MPI and Gloo {:.1} s (their plain cluster's set-up included)",
         aggbox_time.as_secs_f64(),
         floor_time.as_secs_f64(),
         mpi_time.as_secs_f64()

@@ -427,15 +427,17 @@ fn render_run(run: &RunFile) -> String {
             columns.push(name);
         }
     }
-    let baseline = if run.bench == "tcp" { "TCP (iperf3) without programs" } else { "Open MPI" };
-    let has_baseline = columns.iter().any(|c| c == baseline);
-    let ratio_of: Vec<&String> = if has_baseline {
-        columns.iter().filter(|c| c.as_str() != baseline && (c.starts_with("AggBox") || run.bench == "tcp")).collect()
-    } else {
-        Vec::new()
-    };
+    // Ratios: each AggBox column to each peer measured (TCP: with programs
+    // to without).
+    let baselines: &[&str] = if run.bench == "tcp" { &["TCP (iperf3) without programs"] } else { &["Open MPI", "Gloo"] };
+    let mut ratios: Vec<(&String, &str)> = Vec::new();
+    for baseline in baselines.iter().filter(|b| columns.iter().any(|c| c == *b)) {
+        for column in columns.iter().filter(|c| !baselines.contains(&c.as_str()) && (c.starts_with("AggBox") || run.bench == "tcp")) {
+            ratios.push((column, baseline));
+        }
+    }
     let (what, unit) = match run.bench.as_str() {
-        "tcp" => ("throughput of one iperf3 run between hosts 0 and 1, median (max)", "Gbit/s"),
+        "tcp" => ("throughput of one iperf3 run between hosts 0 and 1, p50 (p99) of the runs", "Gbit/s"),
         _ => ("a barrier, then each rank times its own call; the slowest rank's time, p50 (p99)", ""),
     };
     out += &format!("\n{what}{}:\n\n", if unit.is_empty() { String::new() } else { format!(", {unit}") });
@@ -446,7 +448,7 @@ fn render_run(run: &RunFile) -> String {
     };
     let mut header = vec![first.to_string()];
     header.extend(columns.iter().cloned());
-    header.extend(ratio_of.iter().map(|c| format!("{c} / {baseline}")));
+    header.extend(ratios.iter().map(|(c, baseline)| format!("{c} / {baseline}")));
     out += &format!("| {} |\n", header.join(" | "));
     out += &format!("|{}\n", " --- |".repeat(header.len()));
     let mut keys: Vec<u64> = rows.iter().map(|r| r.bytes).collect();
@@ -462,7 +464,7 @@ fn render_run(run: &RunFile) -> String {
         };
         let mut line = vec![first];
         line.extend(columns.iter().map(|c| at(c).map_or("-".into(), cell)));
-        for column in &ratio_of {
+        for (column, baseline) in &ratios {
             line.push(match (at(column), at(baseline)) {
                 (Some(a), Some(b)) if b.p50 > 0.0 => format!("{:.2}", a.p50 / b.p50),
                 _ => "-".into(),
@@ -480,8 +482,8 @@ fn render(runs: &[&RunFile], source: &Path, plots: &[PathBuf]) -> String {
          rerun the benches and the report. -->\n\n\
          The latest run of each bench, host count and MTU in `{}`. Each system ran on the network it would run on: \
          AggBox on its own cluster (a bare XDP program on every bridge port, which AggBox's XDP_TX replies need), \
-         Open MPI on a plain bridge with no program on any interface, same hosts, same MTU, in the same run, \
-         one cluster at a time.\n\n",
+         Open MPI and Gloo on a plain bridge with no program on any interface, same hosts, same MTU, in the same run, \
+         one cluster at a time; TCP between two hosts of a plain bridge without and with AggBox's programs on the hosts.\n\n",
         source.display(),
         runs.len(),
         source.display()
