@@ -715,6 +715,7 @@ fn tcp(seconds: u32, rounds: u32, mtus: &[u32], opts: &RunOpts) -> Result<(), St
     let mtus = if mtus.is_empty() { tcp_default_mtus() } else { mtus.to_vec() };
     let mut summary = Vec::new();
     for mtu in mtus {
+        let (started, cpu_before) = (std::time::Instant::now(), cpu_seconds());
         let cluster = opts.cluster(2, mtu, true)?;
         let network = network_of(&cluster);
         let mut run = RunFile::new("tcp", 2, mtu);
@@ -767,6 +768,7 @@ fn tcp(seconds: u32, rounds: u32, mtus: &[u32], opts: &RunOpts) -> Result<(), St
                 rounds: n,
             });
         }
+        run.notes.push(cpu_note(cpu_before, started));
         opts.write(&mut run)?;
     }
     if summary.len() > 1 {
@@ -822,6 +824,7 @@ fn list_field(line: &str, key: &str) -> Vec<f64> {
 fn barrier(hosts: usize, barriers: usize, faults: Option<FaultSpec>, mtu: u32, peers: (bool, bool), opts: &RunOpts) -> Result<(), String> {
     let (with_mpi, with_gloo) = peers;
     let mut run = RunFile::new("barrier", hosts, mtu);
+    let (started, cpu_before) = (std::time::Instant::now(), cpu_seconds());
     let mut aggbox = Vec::new();
     {
         let mut cluster = opts.cluster(hosts, mtu, false)?;
@@ -899,6 +902,7 @@ fn barrier(hosts: usize, barriers: usize, faults: Option<FaultSpec>, mtu: u32, p
             );
         }
     }
+    run.notes.push(cpu_note(cpu_before, started));
     for note in &run.notes {
         println!("{note}");
     }
@@ -1174,6 +1178,7 @@ pub fn broadcast(hosts: usize, mtu: u32, rounds: usize, peers: (bool, bool), opt
     let (with_mpi, with_gloo) = peers;
     let sizes = [64, 1024, 64 << 10, 1 << 20, 64 << 20];
     let mut run = RunFile::new("broadcast", hosts, mtu);
+    let (started, cpu_before) = (std::time::Instant::now(), cpu_seconds());
     let (kernel, user, floor) = {
         let cluster = opts.cluster(hosts, mtu, false)?;
         run.networks.push(network_of(&cluster));
@@ -1270,6 +1275,9 @@ pub fn broadcast(hosts: usize, mtu: u32, rounds: usize, peers: (bool, bool), opt
         "per 1 KiB broadcast, back to back: wake-ups of the worst receiver: kernel {:.2}, user {:.2}; socket syscalls root/worst receiver: kernel {:.1}/{:.1}, user {:.1}/{:.1}",
         kernel.wakeups, user.wakeups, kernel.syscalls.0, kernel.syscalls.1, user.syscalls.0, user.syscalls.1
     );
+    let load = cpu_note(cpu_before, started);
+    println!("{load}");
+    run.notes.push(load);
     opts.write(&mut run)
 }
 
@@ -2137,6 +2145,22 @@ fn cpu_seconds() -> (f64, f64, f64, f64) {
     (processes / hz, interrupts / hz, mine, ksoftirqd / hz)
 }
 
+/// What the CPUs did since `before` (taken with [`cpu_seconds`] at
+/// `started`): this bench's processes, the packet path, and other processes
+/// (noise from whatever else runs on the machine).
+fn cpu_note(before: (f64, f64, f64, f64), started: std::time::Instant) -> String {
+    let after = cpu_seconds();
+    let (processes, interrupts, mine, ksoftirqd) = (after.0 - before.0, after.1 - before.1, after.2 - before.2, after.3 - before.3);
+    let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let wall = started.elapsed().as_secs_f64();
+    format!(
+        "CPU during the run ({cpus} CPUs × {wall:.1} s = {:.1} s): this bench's processes {mine:.1} s; interrupts and softirqs {interrupts:.1} s \
+         and ksoftirqd {ksoftirqd:.1} s (mostly this bench's packets); other processes {:.1} s (noise from whatever else runs)",
+        wall * cpus as f64,
+        (processes - mine - ksoftirqd).max(0.0)
+    )
+}
+
 fn human_count(count: usize) -> String {
     match count {
         c if c >= 1 << 20 && c % (1 << 20) == 0 => format!("{} Mi", c >> 20),
@@ -2405,17 +2429,9 @@ pub fn allreduce(hosts: usize, mtu: u32, rounds: usize, peers: (bool, bool), opt
             wrong.join("; ")
         );
     }
-    let cpu_after = cpu_seconds();
-    let (processes, interrupts, mine, ksoftirqd) =
-        (cpu_after.0 - cpu_before.0, cpu_after.1 - cpu_before.1, cpu_after.2 - cpu_before.2, cpu_after.3 - cpu_before.3);
-    let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
-    let wall = started.elapsed().as_secs_f64();
-    println!(
-        "CPU during the run ({cpus} CPUs × {wall:.1} s = {:.1} s): this bench's processes {mine:.1} s; interrupts and softirqs {interrupts:.1} s \
-         and ksoftirqd {ksoftirqd:.1} s (mostly this bench's packets); other processes {:.1} s (noise from whatever else runs)",
-        wall * cpus as f64,
-        (processes - mine - ksoftirqd).max(0.0)
-    );
+    let load = cpu_note(cpu_before, started);
+    println!("{load}");
+    run.notes.push(load);
     if !wrong.is_empty() {
         run.notes.push(format!("WRONG RESULTS (the timings include those rounds): {}", wrong.join("; ")));
     }

@@ -34,6 +34,10 @@ const FONT_FILES: [&str; 3] = [
 const FONT_FAMILY: &str = "sans-serif";
 /// Size of a plot, pixels.
 const PLOT_SIZE: (u32, u32) = (1100, 700);
+/// The lines' colors, in turn: ColorBrewer's Set1 without its yellow,
+/// which is hard to see on white.
+const LINE_COLORS: [(u8, u8, u8); 8] =
+    [(228, 26, 28), (55, 126, 184), (77, 175, 74), (152, 78, 163), (255, 127, 0), (166, 86, 40), (247, 129, 191), (0, 0, 0)];
 
 /// The network one system ran on.
 #[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
@@ -317,7 +321,8 @@ fn plot(path: &Path, title: &str, bench: &str, runs: &[&RunFile]) -> Result<(), 
     }
     mesh.draw().map_err(|e| fail(&e))?;
     for (i, (name, points)) in series.iter().enumerate() {
-        let color = Palette99::pick(i).to_rgba();
+        let (r, g, b) = LINE_COLORS[i % LINE_COLORS.len()];
+        let color = RGBColor(r, g, b).to_rgba();
         let style = ShapeStyle::from(&color).stroke_width(2);
         let drawn = chart.draw_series(LineSeries::new(points.iter().copied(), style)).map_err(|e| fail(&e))?;
         if text {
@@ -488,6 +493,10 @@ fn render(runs: &[&RunFile], source: &Path, plots: &[PathBuf]) -> String {
         runs.len(),
         source.display()
     );
+    if runs.iter().any(|r| r.rows.iter().any(|row| row.system == "Gloo")) {
+        out += "Gloo's small operations take milliseconds on this machine kind, whose idle vCPUs are slow to wake: \
+                see bench/gloo/README.md, Pitfalls.\n\n";
+    }
     if runs.is_empty() {
         out += "No run files.\n\n";
     }
