@@ -563,8 +563,8 @@ fn debian_version(package: &str) -> Option<String> {
 }
 
 /// The peers a bench runs, with `program` and `args` for Open MPI and
-/// `gloo_op` and the same `args` for Gloo; `skipped` notes those left out
-/// by the options.
+/// `gloo_op` and the same `args` for Gloo; those the options leave out
+/// (`--no-mpi`, `--no-gloo`) are noted in `run`.
 fn peer_jobs<'a>(run: &mut RunFile, with_mpi: bool, with_gloo: bool, program: &'a str, gloo_op: &'a str, args: &[String]) -> PeerJobs<'a> {
     let mut jobs = Vec::new();
     if with_mpi {
@@ -849,8 +849,14 @@ fn barrier(hosts: usize, barriers: usize, faults: Option<FaultSpec>, mtu: u32, p
         if let Some(stats) = faults.and(cluster.fault_stats().ok()) {
             let dropped: u64 = stats.iter().map(|s| s.dropped).sum();
             let duplicated: u64 = stats.iter().map(|s| s.duplicated).sum();
-            let note = format!("faults on AggBox's cluster ({faults:?}): {dropped} frames dropped, {duplicated} duplicated");
-            println!("{note}");
+            let spec = faults.unwrap_or(FaultSpec::NONE);
+            let percent = |ppm: u32| ppm as f64 / 10_000.0;
+            let note = format!(
+                "faults on AggBox's cluster (drop {}%, duplicate {}%, reorder {}%): {dropped} frames dropped, {duplicated} duplicated",
+                percent(spec.drop_ppm),
+                percent(spec.dup_ppm),
+                percent(spec.reorder_ppm)
+            );
             run.notes.push(note);
         }
     }
