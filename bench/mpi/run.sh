@@ -3,13 +3,19 @@
 # virtual cluster, one rank per namespace, the way ../shared/ARCHITECTURE.md
 # ("What to beat") measured it:
 #
-#   bench/mpi/run.sh [--bench bcast|allreduce] PREFIX HOSTS [-- BENCH_ARGS...]
+#   bench/mpi/run.sh [--bench bcast|allreduce|barrier] PREFIX HOSTS [-- BENCH_ARGS...]
 #   bench/mpi/run.sh mpib 8 -- 64 1K 64K 1M 64M
 #   bench/mpi/run.sh --bench allreduce mpib 8 -- -s 1K 64K 1M 16M
 #
 # --bench picks the program: bcast (the default) runs bcast_bench.c
 # (MPI_Bcast and MPI_Barrier), allreduce runs allreduce_bench.c
-# (MPI_Allreduce of f32 with MPI_SUM, and MPI_Barrier).
+# (MPI_Allreduce of f32 with MPI_SUM, and MPI_Barrier), barrier runs
+# barrier_bench.c (MPI_Barrier only; no SIZEs).
+#
+# `aggbox bench broadcast|allreduce|barrier` run it on a plain cluster
+# (`aggbox cluster up --plain`: no program on any interface), the network a
+# user runs Open MPI on; on a cluster without --plain, TCP runs without
+# TSO/GSO (see README.md, Pitfalls).
 #
 # PREFIX is a cluster made by `aggbox cluster up --prefix PREFIX`; HOSTS ranks
 # run in PREFIX-h0 .. PREFIX-h(HOSTS-1). BENCH_ARGS go to the program
@@ -46,7 +52,7 @@ set -euo pipefail
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 
 usage() {
-  echo "usage: $0 [--bench bcast|allreduce] PREFIX HOSTS [-- BENCH_ARGS...]" >&2
+  echo "usage: $0 [--bench bcast|allreduce|barrier] PREFIX HOSTS [-- BENCH_ARGS...]" >&2
   exit 2
 }
 bench=bcast
@@ -58,7 +64,8 @@ fi
 case $bench in
   bcast) default_args=(64 1K 64K 1M 64M) ;;
   allreduce) default_args=(1K 64K 1M 16M) ;;
-  *) echo "run.sh: unknown benchmark: $bench (bcast or allreduce)" >&2; exit 2 ;;
+  barrier) default_args=() ;;
+  *) echo "run.sh: unknown benchmark: $bench (bcast, allreduce or barrier)" >&2; exit 2 ;;
 esac
 prog=${bench}_bench
 src=$here/$prog.c
@@ -71,7 +78,7 @@ if (($#)); then
   shift
 fi
 bench_args=("$@")
-((${#bench_args[@]})) || bench_args=("${default_args[@]}")
+((${#bench_args[@]})) || bench_args=(${default_args[@]+"${default_args[@]}"})
 
 [[ $prefix =~ ^[A-Za-z0-9_.-]+$ ]] || { echo "run.sh: bad prefix: $prefix" >&2; exit 2; }
 [[ $hosts =~ ^[0-9]+$ ]] && ((hosts >= 1)) || { echo "run.sh: bad host count: $hosts" >&2; exit 2; }

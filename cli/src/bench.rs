@@ -1,13 +1,24 @@
 //! `aggbox bench`: measurements that print ratios taken in one run.
+//!
+//! The benches that compare AggBox with Open MPI and Gloo (broadcast,
+//! allreduce, barrier) run each system on the network it would run on, one
+//! cluster at a time: AggBox on its own cluster (a bare XDP program on every
+//! bridge port, which its `XDP_TX` replies need), then Open MPI and Gloo, one
+//! after the other, on a plain cluster (no program on any interface, so TCP
+//! keeps TSO/GSO), with the same hosts and MTU; ratios are against those. Each run writes a JSON file and a PNG plot
+//! ([`crate::results`]); `aggbox bench report` makes docs/BENCHMARKS.md's
+//! generated section from them. Progress goes to stderr.
 
 use std::{
-    process::Stdio,
+    io::{BufRead, BufReader},
+    path::{Path, PathBuf},
+    process::{Child, Stdio},
     thread,
     time::Duration,
 };
 
 use aggbox_core::{
-    cluster::Cluster,
+    cluster::{self, Cluster, ClusterSpec},
     fault::FaultSpec,
     loader::Attachment,
     netif,
@@ -16,11 +27,61 @@ use aggbox_core::{
 };
 use clap::Subcommand;
 
+use crate::results::{Network, Row, RunFile};
+
+/// Where the Open MPI baselines are run from.
+const MPI_SCRIPT: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../bench/mpi/run.sh");
+
+/// What every bench that writes a run file takes.
+#[derive(clap::Args)]
+pub struct RunOpts {
+    /// Directory of this run's JSON file and PNG plot
+    /// (`<bench>-<mtu>-<timestamp>.json` and `.png`).
+    #[arg(long, default_value = "bench-results")]
+    out: PathBuf,
+    /// Name the clusters `<PREFIX>-agg` (AggBox's) and `<PREFIX>-plain`
+    /// rather than temporary names; if the bench is killed, `aggbox cluster
+    /// down --prefix <PREFIX>-agg` (and `-plain`) removes them.
+    #[arg(long)]
+    prefix: Option<String>,
+}
+
+impl RunOpts {
+    /// A cluster of `hosts` hosts at `mtu`: AggBox's, or plain (no program
+    /// on any interface).
+    fn cluster(&self, hosts: usize, mtu: u32, plain: bool) -> Result<Cluster, String> {
+        let cluster = match &self.prefix {
+            Some(prefix) => {
+                let prefix = format!("{prefix}-{}", if plain { "plain" } else { "agg" });
+                Cluster::up(ClusterSpec::new(prefix, hosts).with_mtu(mtu).with_plain(plain))
+            }
+            None if plain => Cluster::temporary_plain(hosts, mtu),
+            None => Cluster::temporary_with_mtu(hosts, mtu),
+        }
+        .map_err(|e| e.to_string())?;
+        progress(&format!(
+            "{} cluster {} is up: {hosts} hosts, MTU {mtu}",
+            if plain { "plain" } else { "AggBox's" },
+            cluster.prefix()
+        ));
+        Ok(cluster)
+    }
+
+    /// Writes `run` into [`RunOpts::out`] and says where.
+    fn write(&self, run: &mut RunFile) -> Result<(), String> {
+        let written = run.write(&self.out)?;
+        let names: Vec<String> = written.iter().map(|p| p.display().to_string()).collect();
+        println!("wrote {}", names.join(" and "));
+        Ok(())
+    }
+}
+
 /// What to measure.
 #[derive(Subcommand)]
 pub enum Bench {
-    /// TCP throughput between two hosts with and without the AggBox programs
-    /// attached (iperf3), alternating runs.
+    /// TCP throughput (iperf3) between two hosts of a plain cluster (no
+    /// program on any interface), without and with the AggBox programs
+    /// attached to the two hosts, alternating runs; at each MTU.
     Tcp {
         /// Seconds per iperf3 run.
         #[arg(long, default_value_t = 3)]
@@ -28,16 +89,22 @@ pub enum Bench {
         /// Runs of each kind.
         #[arg(long, default_value_t = 3)]
         rounds: u32,
+        /// MTU of the links; repeat for several (default: the cluster's
+        /// default MTU, and 1500 too when that is not 1500).
+        #[arg(long)]
+        mtu: Vec<u32>,
+        #[command(flatten)]
+        run: RunOpts,
     },
     /// Broadcast latency, throughput and wake-ups on N hosts: kernel vs user
-    /// datapath vs Open MPI (when installed), plus the UDP floor.
+    /// datapath on AggBox's cluster vs Open MPI and Gloo (when installed) on
+    /// a plain one, plus the UDP floor.
     Broadcast {
         /// Number of hosts (one rank each).
         #[arg(long, default_value_t = 8)]
         hosts: usize,
-        /// MTU of the cluster's links (3500 is about the most native XDP
-        /// takes on veth).
-        #[arg(long, default_value_t = 1500)]
+        /// MTU of both clusters' links.
+        #[arg(long, default_value_t = cluster::DEFAULT_MTU)]
         mtu: u32,
         /// Rounds per small size.
         #[arg(long, default_value_t = 200)]
@@ -45,18 +112,23 @@ pub enum Bench {
         /// Skip Open MPI.
         #[arg(long)]
         no_mpi: bool,
+        /// Skip Gloo.
+        #[arg(long)]
+        no_gloo: bool,
+        #[command(flatten)]
+        run: RunOpts,
     },
     /// Allreduce (f32 sum) latency and bandwidth on N hosts at 1 Ki, 64 Ki,
-    /// 1 Mi and 16 Mi elements: kernel vs user datapath vs Open MPI (when
-    /// installed) vs the data-movement floor (plain UDP with GSO/GRO), with
-    /// wake-ups, system calls and memory.
+    /// 1 Mi and 16 Mi elements: kernel vs user datapath and the
+    /// data-movement floor (plain UDP with GSO/GRO) on AggBox's cluster vs
+    /// Open MPI and Gloo (when installed) on a plain one, with wake-ups,
+    /// system calls and memory.
     Allreduce {
         /// Number of hosts (one rank each).
         #[arg(long, default_value_t = 8)]
         hosts: usize,
-        /// MTU of the cluster's links (3500 is about the most native XDP
-        /// takes on veth).
-        #[arg(long, default_value_t = 1500)]
+        /// MTU of both clusters' links.
+        #[arg(long, default_value_t = cluster::DEFAULT_MTU)]
         mtu: u32,
         /// Timed rounds of the small counts (1 Ki, 64 Ki); a quarter of them
         /// (at least 5) at 1 Mi, a twentieth (at least 3) at 16 Mi.
@@ -65,6 +137,11 @@ pub enum Bench {
         /// Skip Open MPI.
         #[arg(long)]
         no_mpi: bool,
+        /// Skip Gloo.
+        #[arg(long)]
+        no_gloo: bool,
+        #[command(flatten)]
+        run: RunOpts,
     },
     /// Key-value reduce on N hosts: a word count of Zipf-distributed keys
     /// (each pair's value 1, SUM), kernel vs user datapath: the slowest
@@ -101,17 +178,47 @@ pub enum Bench {
         #[arg(long, default_value_t = 20)]
         rounds: usize,
     },
-    /// Barrier latency on N hosts, kernel vs user datapath.
+    /// Barrier latency on N hosts, kernel vs user datapath on AggBox's
+    /// cluster vs Open MPI and Gloo (when installed) on a plain one.
     Barrier {
         /// Number of hosts (one rank each).
         #[arg(long, default_value_t = 8)]
         hosts: usize,
-        /// Barriers per run.
+        /// Barriers per run: as many back to back, then as many samples (a
+        /// barrier, then each rank times its own).
         #[arg(long, default_value_t = 1000)]
         barriers: usize,
-        /// Faults on every host's link: "DROP%,DUP%" or "DROP%,DUP%,REORDER%".
+        /// Faults on every host's link of AggBox's cluster: "DROP%,DUP%" or
+        /// "DROP%,DUP%,REORDER%" (Open MPI and Gloo are then not measured: a
+        /// plain cluster has no fault injector).
         #[arg(long)]
         faults: Option<String>,
+        /// MTU of both clusters' links.
+        #[arg(long, default_value_t = cluster::DEFAULT_MTU)]
+        mtu: u32,
+        /// Skip Open MPI.
+        #[arg(long)]
+        no_mpi: bool,
+        /// Skip Gloo.
+        #[arg(long)]
+        no_gloo: bool,
+        #[command(flatten)]
+        run: RunOpts,
+    },
+    /// Regenerate the measured tables of docs/BENCHMARKS.md (between
+    /// `<!-- bench:begin -->` and `<!-- bench:end -->`) from the run files
+    /// in DIR: the latest run of each bench, host count and MTU; also writes
+    /// one plot per bench and host count into DIR.
+    Report {
+        /// Directory of the run files (`--out` of the benches).
+        #[arg(default_value = "bench-results")]
+        dir: PathBuf,
+        /// The document to rewrite.
+        #[arg(long, default_value = "docs/BENCHMARKS.md")]
+        doc: PathBuf,
+        /// Print the section, change no document.
+        #[arg(long)]
+        dry_run: bool,
     },
     /// The XDP fold of reduction contributions at a chunk's owner: atomic
     /// adds (xdp_ingress_atomics.bpf.o, built only for this) vs a per-slot
@@ -132,16 +239,393 @@ pub enum Bench {
 pub fn run(bench: Bench) -> Result<(), String> {
     match bench {
         Bench::Fold { rounds, trials } => fold(rounds, trials),
-        Bench::Tcp { seconds, rounds } => tcp(seconds, rounds),
-        Bench::Broadcast { hosts, mtu, rounds, no_mpi } => broadcast(hosts, mtu, rounds, !no_mpi),
-        Bench::Allreduce { hosts, mtu, rounds, no_mpi } => allreduce(hosts, mtu, rounds, !no_mpi),
+        Bench::Tcp { seconds, rounds, mtu, run } => tcp(seconds, rounds, &mtu, &run),
+        Bench::Broadcast { hosts, mtu, rounds, no_mpi, no_gloo, run } => broadcast(hosts, mtu, rounds, (!no_mpi, !no_gloo), &run),
+        Bench::Allreduce { hosts, mtu, rounds, no_mpi, no_gloo, run } => allreduce(hosts, mtu, rounds, (!no_mpi, !no_gloo), &run),
         Bench::Kv { hosts, pairs, distinct, rounds, capacity } => kv(hosts, pairs, distinct, rounds, capacity),
         Bench::Agree { hosts, rounds } => crate::agree_bench::agree(hosts, rounds),
-        Bench::Barrier { hosts, barriers, faults } => {
+        Bench::Barrier { hosts, barriers, faults, mtu, no_mpi, no_gloo, run } => {
             let faults = faults.map(|f| crate::parse_faults(&f)).transpose()?;
-            barrier(hosts, barriers, faults)
+            barrier(hosts, barriers, faults, mtu, (!no_mpi, !no_gloo), &run)
+        }
+        Bench::Report { dir, doc, dry_run } => crate::results::report(&dir, &doc, dry_run),
+    }
+}
+
+/// Says on stderr what a long bench is doing now.
+fn progress(what: &str) {
+    eprintln!("aggbox bench: {what}");
+}
+
+/// What the rank processes print on stderr, before each step, for
+/// [`collect_ranks`] to pass on as progress.
+const PROGRESS: &str = "progress: ";
+
+/// What `ethtool -k eth0` says of `tcp-segmentation-offload` in host 0.
+fn tso_of(cluster: &Cluster) -> String {
+    let out = cluster.command(0, "ethtool").args(["-k", "eth0"]).output();
+    match out {
+        Ok(out) if out.status.success() => String::from_utf8_lossy(&out.stdout)
+            .lines()
+            .find_map(|l| l.trim().strip_prefix("tcp-segmentation-offload:").map(|v| v.trim().to_string()))
+            .unwrap_or_else(|| "unknown".into()),
+        Ok(out) => format!("unknown (ethtool: {})", String::from_utf8_lossy(&out.stderr).trim()),
+        Err(e) => format!("unknown (ethtool: {e})"),
+    }
+}
+
+/// The network `cluster` is, as a run file records it.
+fn network_of(cluster: &Cluster) -> Network {
+    let tso = tso_of(cluster);
+    let mtu = cluster.mtu();
+    if cluster.is_plain() {
+        Network {
+            kind: "plain".into(),
+            description: format!("plain bridge, no program on any interface, MTU {mtu} (TSO on the hosts' eth0: {tso})"),
+            tso,
+        }
+    } else {
+        let mode = if cluster.hosts().iter().all(|h| h.port_native_xdp) { "native" } else { "generic" };
+        Network {
+            kind: "aggbox".into(),
+            description: format!(
+                "AggBox's cluster: a bridge with a bare XDP program ({mode} mode) on every bridge port, MTU {mtu} (TSO on the hosts' eth0: {tso})"
+            ),
+            tso,
         }
     }
+}
+
+/// What one rank process printed, and whether it succeeded.
+struct RankOut {
+    ok: bool,
+    stdout: String,
+    /// Its stderr, less the progress lines.
+    stderr: String,
+}
+
+/// Waits for the ranks [`spawn_ranks`] started, passing the progress lines
+/// they print on stderr on to this process's stderr as `label: …`.
+fn collect_ranks(mut children: Vec<Child>, label: &str) -> Result<Vec<RankOut>, String> {
+    let readers: Vec<_> = children
+        .iter_mut()
+        .map(|child| {
+            let stderr = child.stderr.take();
+            let label = label.to_string();
+            thread::spawn(move || {
+                let mut kept = String::new();
+                for line in stderr.into_iter().flat_map(|e| BufReader::new(e).lines().map_while(Result::ok)) {
+                    match line.strip_prefix(PROGRESS) {
+                        Some(step) => progress(&format!("{label}: {step}")),
+                        None => {
+                            kept += &line;
+                            kept.push('\n');
+                        }
+                    }
+                }
+                kept
+            })
+        })
+        .collect();
+    let mut outs = Vec::new();
+    for (child, reader) in children.into_iter().zip(readers) {
+        let out = child.wait_with_output().map_err(|e| e.to_string())?;
+        outs.push(RankOut {
+            ok: out.status.success(),
+            stdout: String::from_utf8_lossy(&out.stdout).to_string(),
+            stderr: reader.join().unwrap_or_default(),
+        });
+    }
+    Ok(outs)
+}
+
+/// The stderr of the ranks that failed, for an error message.
+fn failures(outs: &[RankOut]) -> String {
+    outs.iter()
+        .enumerate()
+        .filter(|(_, o)| !o.ok)
+        .map(|(rank, o)| format!("rank {rank}: {}", o.stderr.trim()))
+        .collect::<Vec<_>>()
+        .join("; ")
+}
+
+/// One line of a peer's baseline output (`mpi op=…`, `gloo op=…`).
+#[derive(Clone, Copy, Debug)]
+struct PeerLine {
+    bytes: usize,
+    /// The slowest rank's own time after a barrier, (p50, p99) µs.
+    slowest: (f64, f64),
+    /// Earliest start to latest end on one clock, (p50, p99) µs (`-s`).
+    span: Option<(f64, f64)>,
+    rounds: usize,
+}
+
+/// A peer AggBox is compared with, run on a plain cluster by its script.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Peer {
+    /// Open MPI over TCP (bench/mpi/run.sh).
+    OpenMpi,
+    /// Gloo over TCP, Debian's libgloo (bench/gloo/run.sh).
+    Gloo,
+}
+
+impl Peer {
+    /// Its name in tables and run files.
+    fn name(self) -> &'static str {
+        match self {
+            Peer::OpenMpi => "Open MPI",
+            Peer::Gloo => "Gloo",
+        }
+    }
+
+    /// The script that runs it on a cluster.
+    fn script(self) -> &'static str {
+        match self {
+            Peer::OpenMpi => MPI_SCRIPT,
+            Peer::Gloo => GLOO_SCRIPT,
+        }
+    }
+
+    /// The start of its output lines.
+    fn tag(self) -> &'static str {
+        match self {
+            Peer::OpenMpi => "mpi",
+            Peer::Gloo => "gloo",
+        }
+    }
+
+    /// Whether it is installed here (with its script), else how to install it.
+    fn installed(self) -> Result<(), String> {
+        let here = |command: &str| {
+            std::process::Command::new("sh").args(["-c", command]).output().is_ok_and(|o| o.status.success() && !o.stdout.is_empty())
+        };
+        let ok = Path::new(self.script()).exists()
+            && match self {
+                Peer::OpenMpi => here("command -v mpirun.openmpi || command -v mpirun"),
+                Peer::Gloo => Path::new(GLOO_HEADER).exists() && here("command -v g++"),
+            };
+        match (ok, self) {
+            (true, _) => Ok(()),
+            (false, Peer::OpenMpi) => Err("mpirun (Open MPI) not found; run scripts/mpi-setup.sh to install it".into()),
+            (false, Peer::Gloo) => Err(format!("Gloo ({GLOO_HEADER}) or g++ not found; run scripts/gloo-setup.sh to install it")),
+        }
+    }
+
+    /// The script's arguments before the program's: which program, the
+    /// cluster, its hosts.
+    fn script_args(self, program: &str, cluster: &Cluster) -> Vec<String> {
+        let (prefix, n) = (cluster.prefix().to_string(), cluster.hosts().len().to_string());
+        match self {
+            Peer::OpenMpi => vec!["--bench".into(), program.into(), prefix, n, "--".into()],
+            Peer::Gloo => vec![prefix, n, "--".into(), program.into()],
+        }
+    }
+}
+
+/// Where the Gloo baseline is run from, and the header that says Gloo is
+/// installed.
+const GLOO_SCRIPT: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../bench/gloo/run.sh");
+const GLOO_HEADER: &str = "/usr/include/gloo/allreduce.h";
+
+/// What running a peer's baseline gave.
+enum PeerRun {
+    /// It was not run: why.
+    Skipped(String),
+    /// It ran and failed: its exit status and its stderr's last lines.
+    Failed(String),
+    /// Its `<tag> op=…` lines, and the library it reported.
+    Ran { lines: Vec<(String, PeerLine)>, library: String },
+}
+
+impl PeerRun {
+    /// The lines of operation `op`.
+    fn rows(&self, op: &str) -> Vec<PeerLine> {
+        match self {
+            PeerRun::Ran { lines, .. } => lines.iter().filter(|(o, _)| o == op).map(|(_, l)| *l).collect(),
+            _ => Vec::new(),
+        }
+    }
+}
+
+/// Runs `peer`'s `program` on every host of `cluster` with `args` for the
+/// program, passing its progress on to stderr.
+fn run_peer(peer: Peer, cluster: &Cluster, program: &str, args: &[String]) -> PeerRun {
+    if let Err(why) = peer.installed() {
+        return PeerRun::Skipped(why);
+    }
+    let (name, tag, script) = (peer.name(), peer.tag(), peer.script());
+    let n = cluster.hosts().len();
+    progress(&format!("{name} ({program}) on {n} hosts of {}: {}", cluster.prefix(), args.join(" ")));
+    let child = std::process::Command::new("bash")
+        .arg(script)
+        .args(peer.script_args(program, cluster))
+        .args(args)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn();
+    let mut child = match child {
+        Ok(child) => child,
+        Err(e) => return PeerRun::Failed(format!("starting {script}: {e}")),
+    };
+    let stderr = child.stderr.take();
+    let reader = thread::spawn(move || {
+        let mut kept = Vec::new();
+        for line in stderr.into_iter().flat_map(|e| BufReader::new(e).lines().map_while(Result::ok)) {
+            if let Some(rest) = line.strip_prefix("run.sh:") {
+                progress(&format!("{name}: {}", rest.trim()));
+            }
+            kept.push(line);
+        }
+        kept
+    });
+    let (mut lines, mut library) = (Vec::new(), String::new());
+    let (ranks_prefix, op_prefix) = (format!("{tag} ranks="), format!("{tag} op="));
+    for line in child.stdout.take().into_iter().flat_map(|o| BufReader::new(o).lines().map_while(Result::ok)) {
+        if line.starts_with(&ranks_prefix) {
+            library = line.split("library=").nth(1).unwrap_or("").trim_matches('"').to_string();
+        }
+        if !line.starts_with(&op_prefix) {
+            continue;
+        }
+        let op = line.split_whitespace().find_map(|w| w.strip_prefix("op=")).unwrap_or("").to_string();
+        let span = (!field(&line, "span_p50_us").is_nan()).then(|| (field(&line, "span_p50_us"), field(&line, "span_p99_us")));
+        let parsed = PeerLine {
+            bytes: field(&line, "bytes") as usize,
+            slowest: (field(&line, "p50_us"), field(&line, "p99_us")),
+            span,
+            rounds: field(&line, "rounds") as usize,
+        };
+        progress(&format!("{name}: {op} {}: p50 {:.1} µs, {} rounds", human(parsed.bytes), parsed.slowest.0, parsed.rounds));
+        lines.push((op, parsed));
+    }
+    let status = child.wait();
+    let stderr = reader.join().unwrap_or_default();
+    match status {
+        Ok(status) if status.success() && !lines.is_empty() => PeerRun::Ran { lines, library },
+        Ok(status) => {
+            let tail: Vec<&str> = stderr.iter().rev().take(5).map(String::as_str).collect();
+            PeerRun::Failed(format!("{status}: {}", tail.into_iter().rev().collect::<Vec<_>>().join(" / ")))
+        }
+        Err(e) => PeerRun::Failed(format!("waiting for {script}: {e}")),
+    }
+}
+
+/// The peers to run, each with its program and its arguments.
+type PeerJobs<'a> = Vec<(Peer, &'a str, Vec<String>)>;
+
+/// Brings up one plain cluster like AggBox's (hosts, MTU), runs each of
+/// `jobs` on it in turn and takes it down; records its network, and for each
+/// peer what it was or why it was not measured, in `run`. No cluster when
+/// no peer can run.
+fn peers_on_plain(opts: &RunOpts, run: &mut RunFile, jobs: PeerJobs) -> Result<Vec<(Peer, PeerRun)>, String> {
+    let mut outcomes = Vec::new();
+    let mut runnable = Vec::new();
+    for (peer, program, args) in jobs {
+        match peer.installed() {
+            Ok(()) => runnable.push((peer, program, args)),
+            Err(why) => outcomes.push((peer, PeerRun::Skipped(why))),
+        }
+    }
+    if !runnable.is_empty() {
+        let plain = opts.cluster(run.hosts, run.mtu, true)?;
+        run.networks.push(network_of(&plain));
+        for (peer, program, args) in runnable {
+            let outcome = run_peer(peer, &plain, program, &args);
+            outcomes.push((peer, outcome));
+        }
+        drop(plain);
+        progress("plain cluster removed");
+    }
+    for (peer, outcome) in &outcomes {
+        let name = peer.name();
+        run.notes.push(match outcome {
+            PeerRun::Ran { library, .. } => match peer {
+                Peer::OpenMpi => format!(
+                    "{name}: {library}, TCP BTL, ob1, mpi_yield_when_idle 1, one rank per host (bench/mpi/run.sh)"
+                ),
+                Peer::Gloo => format!(
+                    "{name}: Debian's libgloo{}, TCP transport, gloo::broadcast/allreduce/barrier, one rank per host (bench/gloo/run.sh)",
+                    debian_version("libgloo0").map_or(String::new(), |v| format!(" {v}"))
+                ),
+            },
+            PeerRun::Skipped(why) => format!("{name}: not measured: {why}"),
+            PeerRun::Failed(why) => format!("{name}: failed, not measured: {why}"),
+        });
+    }
+    Ok(outcomes)
+}
+
+/// The installed version of Debian package `package`.
+fn debian_version(package: &str) -> Option<String> {
+    let out = std::process::Command::new("dpkg-query").args(["-W", "-f=${Version}", package]).output().ok()?;
+    let text = String::from_utf8_lossy(&out.stdout).trim().to_string();
+    (out.status.success() && !text.is_empty()).then_some(text)
+}
+
+/// The peers a bench runs, with `program` and `args` for Open MPI and
+/// `gloo_op` and the same `args` for Gloo; those the options leave out
+/// (`--no-mpi`, `--no-gloo`) are noted in `run`.
+fn peer_jobs<'a>(run: &mut RunFile, with_mpi: bool, with_gloo: bool, program: &'a str, gloo_op: &'a str, args: &[String]) -> PeerJobs<'a> {
+    let mut jobs = Vec::new();
+    if with_mpi {
+        jobs.push((Peer::OpenMpi, program, args.to_vec()));
+    } else {
+        run.notes.push("Open MPI: not measured (--no-mpi)".into());
+    }
+    if with_gloo {
+        jobs.push((Peer::Gloo, gloo_op, args.to_vec()));
+    } else {
+        run.notes.push("Gloo: not measured (--no-gloo)".into());
+    }
+    jobs
+}
+
+/// The rows `peer` gave of operation `op`.
+fn peer_rows(outcomes: &[(Peer, PeerRun)], peer: Peer, op: &str) -> Vec<PeerLine> {
+    outcomes.iter().find(|(p, _)| *p == peer).map(|(_, o)| o.rows(op)).unwrap_or_default()
+}
+
+/// A row of AggBox on its cluster.
+fn aggbox_row(datapath: &str, mtu: u32, bytes: usize, count: Option<usize>, measure: &str, p: (f64, f64), rounds: usize) -> Row {
+    Row {
+        system: "AggBox".into(),
+        datapath: Some(datapath.into()),
+        network: "aggbox".into(),
+        mtu,
+        bytes: bytes as u64,
+        count: count.map(|c| c as u64),
+        measure: measure.into(),
+        unit: "us".into(),
+        p50: p.0,
+        p99: p.1,
+        rounds,
+    }
+}
+
+/// The rows of a peer's lines (on the plain network): the slowest rank's
+/// time and, when measured, the span.
+fn peer_run_rows(peer: Peer, lines: &[PeerLine], mtu: u32, count_of: impl Fn(usize) -> Option<usize>) -> Vec<Row> {
+    let mut rows = Vec::new();
+    for line in lines {
+        let base = Row {
+            system: peer.name().into(),
+            datapath: None,
+            network: "plain".into(),
+            mtu,
+            bytes: line.bytes as u64,
+            count: count_of(line.bytes).map(|c| c as u64),
+            measure: "slowest".into(),
+            unit: "us".into(),
+            p50: line.slowest.0,
+            p99: line.slowest.1,
+            rounds: line.rounds,
+        };
+        if let Some(span) = line.span {
+            rows.push(Row { measure: "span".into(), p50: span.0, p99: span.1, ..base.clone() });
+        }
+        rows.push(base);
+    }
+    rows
 }
 
 pub(crate) fn median(values: &mut [f64]) -> f64 {
@@ -214,26 +698,82 @@ fn attach_both(cluster: &Cluster) -> Result<Vec<Attachment>, String> {
         .collect()
 }
 
-fn tcp(seconds: u32, rounds: u32) -> Result<(), String> {
-    let cluster = Cluster::temporary(2).map_err(|e| e.to_string())?;
-    let mut without = Vec::new();
-    let mut with = Vec::new();
-    for round in 0..rounds {
-        let bare = iperf(&cluster, seconds)?;
-        let attachments = attach_both(&cluster)?;
-        let mode = attachments[0].xdp_mode().name();
-        let attached = iperf(&cluster, seconds)?;
-        drop(attachments);
-        println!(
-            "round {round}: without programs {:.2} Gbit/s, with programs (xdp {mode}, tc ingress+egress) {:.2} Gbit/s",
-            bare / 1e9,
-            attached / 1e9
-        );
-        without.push(bare);
-        with.push(attached);
+/// The MTUs `bench tcp` measures when given none: the cluster's default,
+/// and 1500 too when that is not 1500.
+fn tcp_default_mtus() -> Vec<u32> {
+    let mut mtus = vec![cluster::DEFAULT_MTU];
+    if cluster::DEFAULT_MTU != 1500 {
+        mtus.push(1500);
     }
-    let (a, b) = (median(&mut without), median(&mut with));
-    println!("tcp throughput (iperf3, {rounds}x{seconds}s each, median): without {:.2} Gbit/s, with {:.2} Gbit/s, ratio with/without = {:.3}", a / 1e9, b / 1e9, b / a);
+    mtus
+}
+
+/// `aggbox bench tcp`: at each MTU, two hosts of a plain cluster, iperf3
+/// without any program and with AggBox's programs attached to the hosts'
+/// eth0, alternating; one run file per MTU.
+fn tcp(seconds: u32, rounds: u32, mtus: &[u32], opts: &RunOpts) -> Result<(), String> {
+    let mtus = if mtus.is_empty() { tcp_default_mtus() } else { mtus.to_vec() };
+    let mut summary = Vec::new();
+    for mtu in mtus {
+        let (started, cpu_before) = (std::time::Instant::now(), cpu_seconds());
+        let cluster = opts.cluster(2, mtu, true)?;
+        let network = network_of(&cluster);
+        let mut run = RunFile::new("tcp", 2, mtu);
+        let (mut without, mut with, mut modes) = (Vec::new(), Vec::new(), Vec::new());
+        for round in 0..rounds {
+            progress(&format!("tcp MTU {mtu}: round {} of {rounds}, without programs", round + 1));
+            let bare = iperf(&cluster, seconds)?;
+            let attachments = attach_both(&cluster)?;
+            let mode = attachments[0].xdp_mode().name();
+            progress(&format!("tcp MTU {mtu}: round {} of {rounds}, with AggBox's programs (xdp {mode})", round + 1));
+            let attached = iperf(&cluster, seconds)?;
+            drop(attachments);
+            println!(
+                "MTU {mtu} round {round}: plain bridge without programs {:.2} Gbit/s, with AggBox's programs on both hosts (xdp {mode}, tc ingress+egress) {:.2} Gbit/s",
+                bare / 1e9,
+                attached / 1e9
+            );
+            without.push(bare / 1e9);
+            with.push(attached / 1e9);
+            modes.push(mode);
+        }
+        drop(cluster);
+        modes.dedup();
+        let mode = modes.join("/");
+        let (a, b) = (p50_p99(without.clone()), p50_p99(with.clone()));
+        println!(
+            "tcp throughput at MTU {mtu} (iperf3 between two hosts of a plain bridge, {rounds}x{seconds}s each, median): \
+             without programs {:.2} Gbit/s, with AggBox's programs attached to the hosts (xdp {mode}) {:.2} Gbit/s, ratio with/without = {:.3}",
+            a.0,
+            b.0,
+            b.0 / a.0
+        );
+        summary.push(format!("MTU {mtu}: {:.3}", b.0 / a.0));
+        run.networks.push(network);
+        run.notes.push(format!(
+            "both rows on the same plain cluster; \"with\": AggBox's XDP (xdp {mode}) and TC programs attached to eth0 of both hosts for a group of the two"
+        ));
+        for (datapath, p, n) in [("without programs", a, without.len()), ("with AggBox programs", b, with.len())] {
+            run.rows.push(Row {
+                system: "TCP (iperf3)".into(),
+                datapath: Some(datapath.into()),
+                network: "plain".into(),
+                mtu,
+                bytes: 0,
+                count: None,
+                measure: "throughput".into(),
+                unit: "Gbit/s".into(),
+                p50: p.0,
+                p99: p.1,
+                rounds: n,
+            });
+        }
+        run.notes.push(cpu_note(cpu_before, started));
+        opts.write(&mut run)?;
+    }
+    if summary.len() > 1 {
+        println!("tcp ratio with/without AggBox's programs: {}", summary.join(", "));
+    }
     Ok(())
 }
 
@@ -253,19 +793,16 @@ fn barrier_run(cluster: &Cluster, datapath: &str, barriers: usize, master_port: 
                 .env("MASTER_PORT", master_port.to_string())
                 .env("AGGBOX_DATAPATH", datapath)
                 .stdout(Stdio::piped())
+                .stderr(Stdio::piped())
                 .spawn()
                 .map_err(|e| e.to_string())
         })
         .collect::<Result<_, _>>()?;
-    let mut lines = Vec::new();
-    for child in children {
-        let out = child.wait_with_output().map_err(|e| e.to_string())?;
-        if !out.status.success() {
-            return Err(format!("a rank failed ({datapath} datapath)"));
-        }
-        lines.push(String::from_utf8_lossy(&out.stdout).trim().to_string());
+    let outs = collect_ranks(children, &format!("barrier, {datapath} datapath"))?;
+    if outs.iter().any(|o| !o.ok) {
+        return Err(format!("a rank failed ({datapath} datapath): {}", failures(&outs)));
     }
-    Ok(lines)
+    Ok(outs.into_iter().map(|o| o.stdout.trim().to_string()).collect())
 }
 
 fn field(line: &str, key: &str) -> f64 {
@@ -275,35 +812,111 @@ fn field(line: &str, key: &str) -> f64 {
         .unwrap_or(f64::NAN)
 }
 
-fn barrier(hosts: usize, barriers: usize, faults: Option<FaultSpec>) -> Result<(), String> {
-    let mut cluster = Cluster::temporary(hosts).map_err(|e| e.to_string())?;
-    if let Some(faults) = faults {
-        cluster.inject_faults(faults).map_err(|e| e.to_string())?;
+/// The comma-separated values of `key` on `line`.
+fn list_field(line: &str, key: &str) -> Vec<f64> {
+    line.split_whitespace()
+        .find_map(|kv| kv.strip_prefix(key).and_then(|v| v.strip_prefix('=')))
+        .map(|v| v.split(',').filter_map(|x| x.parse().ok()).collect())
+        .unwrap_or_default()
+}
+
+/// `aggbox bench barrier`.
+fn barrier(hosts: usize, barriers: usize, faults: Option<FaultSpec>, mtu: u32, peers: (bool, bool), opts: &RunOpts) -> Result<(), String> {
+    let (with_mpi, with_gloo) = peers;
+    let mut run = RunFile::new("barrier", hosts, mtu);
+    let (started, cpu_before) = (std::time::Instant::now(), cpu_seconds());
+    let mut aggbox = Vec::new();
+    {
+        let mut cluster = opts.cluster(hosts, mtu, false)?;
+        run.networks.push(network_of(&cluster));
+        if let Some(faults) = faults {
+            cluster.inject_faults(faults).map_err(|e| e.to_string())?;
+        }
+        for (k, datapath) in ["kernel", "user"].into_iter().enumerate() {
+            let lines = barrier_run(&cluster, datapath, barriers, 29_500 + k as u16)?;
+            // The slowest rank's time is the barrier's time.
+            let total_us = lines.iter().map(|l| field(l, "total_us")).fold(0.0, f64::max);
+            let retransmits: f64 = lines.iter().map(|l| field(l, "retransmits")).sum();
+            let samples: Vec<Vec<f64>> = lines.iter().map(|l| list_field(l, "sampled_us")).collect();
+            let rounds = samples.iter().map(Vec::len).min().unwrap_or(0);
+            let slowest: Vec<f64> = (0..rounds).map(|i| samples.iter().map(|s| s[i]).fold(0.0, f64::max)).collect();
+            let sampled = p50_p99(slowest);
+            let back_to_back = total_us / barriers as f64;
+            run.rows.push(aggbox_row(datapath, mtu, 0, None, "slowest", sampled, rounds));
+            run.rows.push(aggbox_row(datapath, mtu, 0, None, "back-to-back", (back_to_back, back_to_back), barriers));
+            aggbox.push((datapath, sampled, back_to_back, retransmits));
+        }
+        if let Some(stats) = faults.and(cluster.fault_stats().ok()) {
+            let dropped: u64 = stats.iter().map(|s| s.dropped).sum();
+            let duplicated: u64 = stats.iter().map(|s| s.duplicated).sum();
+            let spec = faults.unwrap_or(FaultSpec::NONE);
+            let percent = |ppm: u32| ppm as f64 / 10_000.0;
+            let note = format!(
+                "faults on AggBox's cluster (drop {}%, duplicate {}%, reorder {}%): {dropped} frames dropped, {duplicated} duplicated",
+                percent(spec.drop_ppm),
+                percent(spec.dup_ppm),
+                percent(spec.reorder_ppm)
+            );
+            run.notes.push(note);
+        }
     }
-    let mut per_barrier = Vec::new();
-    for (k, datapath) in ["kernel", "user"].into_iter().enumerate() {
-        let lines = barrier_run(&cluster, datapath, barriers, 29_500 + k as u16)?;
-        // The slowest rank's time is the barrier's time.
-        let total_us = lines.iter().map(|l| field(l, "total_us")).fold(0.0, f64::max);
-        let p50 = lines.iter().map(|l| field(l, "p50_us")).fold(0.0, f64::max);
-        let retransmits: f64 = lines.iter().map(|l| field(l, "retransmits")).sum();
+    let outcomes = if faults.is_some() {
+        for (peer, asked) in [(Peer::OpenMpi, with_mpi), (Peer::Gloo, with_gloo)] {
+            if asked {
+                run.notes.push(format!("{}: not measured with --faults (a plain cluster has no fault injector)", peer.name()));
+            }
+        }
+        Vec::new()
+    } else {
+        let args = ["-w", "3", "-t", "0", "-r", &barriers.to_string()].map(String::from);
+        let jobs = peer_jobs(&mut run, with_mpi, with_gloo, "barrier", "barrier", &args);
+        peers_on_plain(opts, &mut run, jobs)?
+    };
+    let peer_row = |peer: Peer| peer_rows(&outcomes, peer, "barrier").first().copied();
+    let (mpi_row, gloo_row) = (peer_row(Peer::OpenMpi), peer_row(Peer::Gloo));
+    for (peer, row) in [(Peer::OpenMpi, mpi_row), (Peer::Gloo, gloo_row)] {
+        run.rows.extend(row.map(|m| peer_run_rows(peer, &[m], mtu, |_| None)).unwrap_or_default());
+    }
+    println!("barrier on {hosts} hosts, MTU {mtu}; a sample: a barrier, then each rank times its own barrier; the slowest rank's time, p50 (p99) in µs");
+    for network in &run.networks {
+        let who = if network.kind == "plain" { "Open MPI, Gloo" } else { "AggBox" };
+        println!("  {who}: {}", network.description);
+    }
+    let ratio = |a: f64, b: Option<PeerLine>| b.map_or("-".to_string(), |b| format!("{:.2}", a / b.slowest.0));
+    println!("{:>18} | {:>17} | {:>22} | {:>11} | {:>8} {:>8}", "system", "p50 (p99)", "back to back, per op", "retransmits", "/ MPI", "/ Gloo");
+    for (datapath, sampled, back_to_back, retransmits) in &aggbox {
         println!(
-            "{datapath:>6}: {hosts} ranks, {barriers} barriers in {:.1} ms: {:.1} us per barrier, slowest rank's p50 {p50:.1} us, {retransmits} retransmits",
-            total_us / 1000.0,
-            total_us / barriers as f64
+            "{:>18} | {:>17} | {:>22.1} | {:>11} | {:>8} {:>8}",
+            format!("AggBox {datapath}"),
+            format!("{:.1} ({:.1})", sampled.0, sampled.1),
+            back_to_back,
+            retransmits,
+            ratio(sampled.0, mpi_row),
+            ratio(sampled.0, gloo_row),
         );
-        per_barrier.push(total_us / barriers as f64);
     }
-    if let Some(stats) = faults.and(cluster.fault_stats().ok()) {
-        let dropped: u64 = stats.iter().map(|s| s.dropped).sum();
-        let duplicated: u64 = stats.iter().map(|s| s.duplicated).sum();
-        println!("faults: {dropped} frames dropped, {duplicated} duplicated");
+    for (peer, row) in [(Peer::OpenMpi, mpi_row), (Peer::Gloo, gloo_row)] {
+        if let Some(m) = row {
+            println!(
+                "{:>18} | {:>17} | {:>22} | {:>11} | {:>8} {:>8}",
+                peer.name(),
+                format!("{:.1} ({:.1})", m.slowest.0, m.slowest.1),
+                "-",
+                "-",
+                ratio(m.slowest.0, mpi_row),
+                ratio(m.slowest.0, gloo_row),
+            );
+        }
+    }
+    run.notes.push(cpu_note(cpu_before, started));
+    for note in &run.notes {
+        println!("{note}");
     }
     println!(
-        "barrier: kernel/user time per barrier = {:.3} (the kernel datapath does not fold barriers yet: both run the same user-space protocol; the kernel one also passes every datagram through the XDP/TC checks)",
-        per_barrier[0] / per_barrier[1]
+        "barrier: kernel/user p50 = {:.3} (the kernel datapath does not fold barriers yet: both run the same user-space protocol; the kernel one also passes every datagram through the XDP/TC checks)",
+        aggbox[0].1 .0 / aggbox[1].1 .0
     );
-    Ok(())
+    opts.write(&mut run)
 }
 
 // ---- broadcast ------------------------------------------------------------
@@ -355,6 +968,9 @@ pub fn rank_bcast(rounds: usize, sizes: &[usize]) -> Result<(), String> {
     for &size in sizes {
         let mut buf = vec![0u8; size];
         let (mut elapsed, mut starts, mut ends) = (Vec::new(), Vec::new(), Vec::new());
+        if comm.rank() == root {
+            eprintln!("{PROGRESS}{}, {} rounds", human(size), rounds_for(size, rounds));
+        }
         for round in 0..rounds_for(size, rounds) {
             if comm.rank() == root {
                 buf.iter_mut().zip(pattern(size, round)).for_each(|(b, v)| *b = v);
@@ -417,6 +1033,8 @@ fn p50_p99(mut values: Vec<f64>) -> (f64, f64) {
 /// The latencies of one size on one datapath, each a (p50, p99) in µs.
 struct Latency {
     size: usize,
+    /// Timed rounds.
+    rounds: usize,
     /// The root's call: until it holds every receiver's acknowledgment.
     root: (f64, f64),
     /// From the root's start to the last receiver's return, on one clock.
@@ -484,14 +1102,11 @@ pub(crate) fn spawn_ranks(
 fn bcast_run(cluster: &Cluster, datapath: &str, sizes: &[usize], rounds: usize, port: u16) -> Result<BcastRun, String> {
     let n = cluster.hosts().len();
     let children = spawn_ranks(cluster, datapath, "rank-bcast", rounds, sizes, port)?;
-    let mut outputs = Vec::new();
-    for child in children {
-        let out = child.wait_with_output().map_err(|e| e.to_string())?;
-        if !out.status.success() {
-            return Err(format!("a rank failed on the {datapath} datapath"));
-        }
-        outputs.push(String::from_utf8_lossy(&out.stdout).to_string());
+    let outs = collect_ranks(children, &format!("broadcast, AggBox {datapath} datapath"))?;
+    if outs.iter().any(|o| !o.ok) {
+        return Err(format!("a rank failed on the {datapath} datapath: {}", failures(&outs)));
     }
+    let outputs: Vec<String> = outs.into_iter().map(|o| o.stdout).collect();
     let series = |rank: usize, size: usize, key: &str| -> Vec<f64> {
         outputs[rank]
             .lines()
@@ -511,7 +1126,7 @@ fn bcast_run(cluster: &Cluster, datapath: &str, sizes: &[usize], rounds: usize, 
             .map(|i| (ends.iter().map(|e| e.get(i).copied().unwrap_or(f64::NAN)).fold(0.0, f64::max) - starts[i]) / 1e3)
             .collect();
         let slowest = (0..rounds).map(|i| elapsed.iter().map(|e| e.get(i).copied().unwrap_or(f64::NAN)).fold(0.0, f64::max)).collect();
-        latencies.push(Latency { size, root: p50_p99(root), span: p50_p99(span), slowest: p50_p99(slowest) });
+        latencies.push(Latency { size, rounds, root: p50_p99(root), span: p50_p99(span), slowest: p50_p99(slowest) });
     }
     let last_lines: Vec<&str> = outputs.iter().filter_map(|o| o.lines().find(|l| l.starts_with("wakeups "))).collect();
     let worst = |key: &str, lines: &[&str]| lines.iter().map(|l| field(l, key)).fold(0.0, f64::max);
@@ -556,31 +1171,6 @@ fn udp_floor(cluster: &Cluster) -> Result<f64, String> {
     Ok(percentile(&samples, 0.5))
 }
 
-/// Per size: (bytes, slowest rank's (p50, p99), span (p50, p99)) in µs.
-type MpiRows = Vec<(usize, (f64, f64), (f64, f64))>;
-
-/// Open MPI's MPI_Bcast on the same cluster (bench/mpi/run.sh with `-s`),
-/// when mpirun is installed.
-fn mpi_bcast(cluster: &Cluster, sizes: &[usize]) -> Option<MpiRows> {
-    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/../bench/mpi/run.sh");
-    if !std::path::Path::new(script).exists() || std::process::Command::new("sh").args(["-c", "command -v mpirun"]).output().ok()?.stdout.is_empty() {
-        return None;
-    }
-    let mut cmd = std::process::Command::new("bash");
-    cmd.arg(script).arg(cluster.prefix()).arg(cluster.hosts().len().to_string()).args(["--", "-s"]);
-    cmd.args(sizes.iter().map(|s| s.to_string()));
-    let out = cmd.output().ok()?;
-    let text = String::from_utf8_lossy(&out.stdout);
-    let rows: Vec<_> = text
-        .lines()
-        .filter(|l| l.starts_with("mpi op=bcast"))
-        .map(|l| {
-            (field(l, "bytes") as usize, (field(l, "p50_us"), field(l, "p99_us")), (field(l, "span_p50_us"), field(l, "span_p99_us")))
-        })
-        .collect();
-    (!rows.is_empty()).then_some(rows)
-}
-
 fn human(size: usize) -> String {
     match size {
         s if s >= 1 << 20 && s % (1 << 20) == 0 => format!("{} MiB", s >> 20),
@@ -590,27 +1180,57 @@ fn human(size: usize) -> String {
 }
 
 /// `aggbox bench broadcast`.
-pub fn broadcast(hosts: usize, mtu: u32, rounds: usize, with_mpi: bool) -> Result<(), String> {
+pub fn broadcast(hosts: usize, mtu: u32, rounds: usize, peers: (bool, bool), opts: &RunOpts) -> Result<(), String> {
+    let (with_mpi, with_gloo) = peers;
     let sizes = [64, 1024, 64 << 10, 1 << 20, 64 << 20];
-    let cluster = Cluster::temporary_with_mtu(hosts, mtu).map_err(|e| e.to_string())?;
+    let mut run = RunFile::new("broadcast", hosts, mtu);
+    let (started, cpu_before) = (std::time::Instant::now(), cpu_seconds());
+    let (kernel, user, floor) = {
+        let cluster = opts.cluster(hosts, mtu, false)?;
+        run.networks.push(network_of(&cluster));
+        let kernel = bcast_run(&cluster, "kernel", &sizes, rounds, 29_500)?;
+        let user = bcast_run(&cluster, "user", &sizes, rounds, 29_501)?;
+        progress("UDP ping-pong between hosts 0 and 1");
+        let floor = udp_floor(&cluster)?;
+        (kernel, user, floor)
+    };
+    progress("AggBox's cluster removed");
+    let peer_args: Vec<String> = std::iter::once("-s".to_string()).chain(sizes.iter().map(|s| s.to_string())).collect();
+    let jobs = peer_jobs(&mut run, with_mpi, with_gloo, "bcast", "bcast", &peer_args);
+    let outcomes = peers_on_plain(opts, &mut run, jobs)?;
+    let mpi_rows = peer_rows(&outcomes, Peer::OpenMpi, "bcast");
+    let gloo_rows = peer_rows(&outcomes, Peer::Gloo, "bcast");
+    for (datapath, r) in [("kernel", &kernel), ("user", &user)] {
+        for l in &r.latencies {
+            for (measure, p) in [("slowest", l.slowest), ("span", l.span), ("root", l.root)] {
+                run.rows.push(aggbox_row(datapath, mtu, l.size, None, measure, p, l.rounds));
+            }
+        }
+    }
+    run.rows.extend(peer_run_rows(Peer::OpenMpi, &mpi_rows, mtu, |_| None));
+    run.rows.extend(peer_run_rows(Peer::Gloo, &gloo_rows, mtu, |_| None));
     println!(
         "broadcast on {hosts} hosts, MTU {mtu} (chunk {} B), root 0, p50 in µs. root: the root's call (until every receiver holds the data); \
          span: from the root's start to the last receiver's return (one clock); slowest: the slowest rank's own time after the barrier (bench/mpi's default)",
         aggbox_core::wire::chunk_size(mtu)
     );
-    let kernel = bcast_run(&cluster, "kernel", &sizes, rounds, 29_500)?;
-    let user = bcast_run(&cluster, "user", &sizes, rounds, 29_501)?;
-    let mpi = if with_mpi { mpi_bcast(&cluster, &sizes) } else { None };
-    let floor = udp_floor(&cluster)?;
+    for network in &run.networks {
+        let who = if network.kind == "plain" { "Open MPI, Gloo" } else { "AggBox (kernel, user, UDP ping-pong)" };
+        println!("  {who}: {}", network.description);
+    }
     println!(
-        "{:>8} | {:>26} | {:>26} | {:>18} | {:>11} {:>11} {:>11}",
-        "size", "kernel root/span/slowest", "user root/span/slowest", "Open MPI span/slow", "kernel/user", "kernel/MPI", "k/MPI slow"
+        "{:>8} | {:>26} | {:>26} | {:>18} | {:>18} | {:>11} {:>6} {:>6} {:>6} {:>6}",
+        "size", "kernel root/span/slowest", "user root/span/slowest", "Open MPI span/slow", "Gloo span/slow", "kernel/user", "k/MPI", "u/MPI", "k/Gloo", "u/Gloo"
     );
-    let mpi_row = |size: usize| mpi.as_ref().and_then(|rows| rows.iter().find(|r| r.0 == size));
+    let mpi_row = |size: usize| mpi_rows.iter().find(|r| r.bytes == size);
+    let gloo_row = |size: usize| gloo_rows.iter().find(|r| r.bytes == size);
+    let span_of = |m: &PeerLine| m.span.map_or(f64::NAN, |s| s.0);
+    let both = |m: Option<&PeerLine>| m.map_or("-".into(), |m| format!("{:.1} {:.1}", span_of(m), m.slowest.0));
+    let ratio = |a: f64, m: Option<&PeerLine>| m.map_or("-".into(), |m| format!("{:.2}", a / m.slowest.0));
     for (k, u) in kernel.latencies.iter().zip(&user.latencies) {
-        let m = mpi_row(k.size);
+        let (m, g) = (mpi_row(k.size), gloo_row(k.size));
         println!(
-            "{:>8} | {:>8.1} {:>8.1} {:>8.1} | {:>8.1} {:>8.1} {:>8.1} | {:>18} | {:>11.3} {:>11} {:>11}",
+            "{:>8} | {:>8.1} {:>8.1} {:>8.1} | {:>8.1} {:>8.1} {:>8.1} | {:>18} | {:>18} | {:>11.3} {:>6} {:>6} {:>6} {:>6}",
             human(k.size),
             k.root.0,
             k.span.0,
@@ -618,22 +1238,30 @@ pub fn broadcast(hosts: usize, mtu: u32, rounds: usize, with_mpi: bool) -> Resul
             u.root.0,
             u.span.0,
             u.slowest.0,
-            m.map_or("-".into(), |m| format!("{:.1} {:.1}", m.2 .0, m.1 .0)),
+            both(m),
+            both(g),
             k.span.0 / u.span.0,
-            m.map_or("-".into(), |m| format!("{:.3}", k.span.0 / m.2 .0)),
-            m.map_or("-".into(), |m| format!("{:.3}", k.slowest.0 / m.1 .0)),
+            ratio(k.slowest.0, m),
+            ratio(u.slowest.0, m),
+            ratio(k.slowest.0, g),
+            ratio(u.slowest.0, g),
         );
     }
-    println!("ratios: kernel/user and kernel/MPI compare spans; k/MPI slow compares the slowest rank's own times");
-    for (label, run) in [("kernel", &kernel), ("user", &user)] {
-        let p99: Vec<String> = run.latencies.iter().map(|r| format!("{} {:.1}/{:.1}", human(r.size), r.root.1, r.span.1)).collect();
+    println!(
+        "ratios: kernel/user compares spans; k/MPI, u/MPI, k/Gloo, u/Gloo the slowest rank's own times after a barrier (p50; the sampling bench/mpi uses)"
+    );
+    for (label, r) in [("kernel", &kernel), ("user", &user)] {
+        let p99: Vec<String> = r.latencies.iter().map(|r| format!("{} {:.1}/{:.1}", human(r.size), r.root.1, r.span.1)).collect();
         println!("{label} p99 root/span: {}", p99.join(", "));
     }
-    if let Some(rows) = &mpi {
-        let p99: Vec<String> = rows.iter().map(|r| format!("{} {:.1}/{:.1}", human(r.0), r.2 .1, r.1 .1)).collect();
-        println!("Open MPI p99 span/slowest: {}", p99.join(", "));
-    } else if with_mpi {
-        println!("Open MPI: not measured (run scripts/mpi-setup.sh to install it)");
+    for (peer, rows) in [(Peer::OpenMpi, &mpi_rows), (Peer::Gloo, &gloo_rows)] {
+        if !rows.is_empty() {
+            let p99: Vec<String> = rows.iter().map(|r| format!("{} {:.1}/{:.1}", human(r.bytes), r.span.map_or(f64::NAN, |s| s.1), r.slowest.1)).collect();
+            println!("{} p99 span/slowest: {}", peer.name(), p99.join(", "));
+        }
+    }
+    for note in &run.notes {
+        println!("{note}");
     }
     let big = *sizes.last().unwrap();
     let throughput = |us: f64| big as f64 / us; // bytes per µs = MB/s
@@ -641,14 +1269,22 @@ pub fn broadcast(hosts: usize, mtu: u32, rounds: usize, with_mpi: bool) -> Resul
         "64 MiB throughput (span): kernel {:.0} MB/s, user {:.0} MB/s{}",
         throughput(kernel.latencies.last().unwrap().span.0),
         throughput(user.latencies.last().unwrap().span.0),
-        mpi_row(big).map_or(String::new(), |m| format!(", Open MPI {:.0} MB/s", throughput(m.2 .0)))
+        [(Peer::OpenMpi, mpi_row(big)), (Peer::Gloo, gloo_row(big))]
+            .iter()
+            .filter_map(|(peer, m)| m.map(|m| format!(", {} {:.0} MB/s", peer.name(), throughput(span_of(m)))))
+            .collect::<String>()
     );
-    println!("UDP ping-pong between two hosts (blocking receives): p50 {floor:.1} µs round trip");
+    let floor_note = format!("UDP ping-pong between two hosts of AggBox's cluster (blocking receives): p50 {floor:.1} µs round trip");
+    println!("{floor_note}");
+    run.notes.push(floor_note);
     println!(
         "per 1 KiB broadcast, back to back: wake-ups of the worst receiver: kernel {:.2}, user {:.2}; socket syscalls root/worst receiver: kernel {:.1}/{:.1}, user {:.1}/{:.1}",
         kernel.wakeups, user.wakeups, kernel.syscalls.0, kernel.syscalls.1, user.syscalls.0, user.syscalls.1
     );
-    Ok(())
+    let load = cpu_note(cpu_before, started);
+    println!("{load}");
+    run.notes.push(load);
+    opts.write(&mut run)
 }
 
 // ---- allreduce ------------------------------------------------------------
@@ -780,6 +1416,9 @@ pub fn rank_allreduce(rounds: usize, counts: &[usize]) -> Result<(), String> {
         let buf = &mut storage[..count];
         let (warmup, timed) = allreduce_rounds(count, rounds);
         let (mut elapsed, mut starts, mut ends) = (Vec::new(), Vec::new(), Vec::new());
+        if me == 0 {
+            eprintln!("{PROGRESS}{} f32, {warmup} warm-up and {timed} timed rounds", human_count(count));
+        }
         let before = comm.stats().map_err(err)?.user;
         let mut wrong = 0;
         for k in 0..warmup + timed {
@@ -980,19 +1619,21 @@ fn worst_mean(values: &[f64]) -> WorstMean {
 fn allreduce_run(cluster: &Cluster, datapath: &str, counts: &[usize], rounds: usize, port: u16) -> Result<ArRun, String> {
     let n = cluster.hosts().len();
     let children = spawn_ranks(cluster, datapath, "rank-allreduce", rounds, counts, port)?;
-    let mut outputs = Vec::new();
-    let mut failed = false;
-    for child in children {
-        let out = child.wait_with_output().map_err(|e| e.to_string())?;
-        failed |= !out.status.success();
-        outputs.push(String::from_utf8_lossy(&out.stdout).to_string());
+    let outs = collect_ranks(children, &format!("allreduce, AggBox {datapath} datapath"))?;
+    // A wrong result is said at once, also in the rank's stderr.
+    for out in &outs {
+        for line in out.stderr.lines().filter(|l| l.contains("WRONG RESULT")) {
+            eprintln!("{line}");
+        }
     }
+    let failed = outs.iter().any(|o| !o.ok);
     // A rank that found a wrong result still reports everything (and
     // fails at the end); any other failure ends the run.
-    let finished = outputs.iter().all(|o| o.lines().any(|l| l.starts_with("memory ")));
+    let finished = outs.iter().all(|o| o.stdout.lines().any(|l| l.starts_with("memory ")));
     if failed && !finished {
-        return Err(format!("a rank failed on the {datapath} datapath (its error is above)"));
+        return Err(format!("a rank failed on the {datapath} datapath: {}", failures(&outs)));
     }
+    let outputs: Vec<String> = outs.into_iter().map(|o| o.stdout).collect();
     // Per round: the slowest rank's own time, and the earliest start to
     // the latest end.
     let samples = |prefix: &str, count: usize| -> Result<(Vec<f64>, Vec<f64>), String> {
@@ -1057,50 +1698,6 @@ fn allreduce_run(cluster: &Cluster, datapath: &str, counts: &[usize], rounds: us
         results_from_socket: memory.iter().map(|l| field(l, "results_received")).sum(),
         results_from_kernel: memory.iter().map(|l| field(l, "results_from_kernel")).sum(),
     })
-}
-
-/// One count of Open MPI's allreduce: bytes, the slowest rank's p50/p99,
-/// the span's p50/p99 (µs), timed rounds.
-type MpiRow = (usize, (f64, f64), (f64, f64), usize);
-
-/// Open MPI's MPI_Allreduce on the same cluster (bench/mpi/run.sh --bench
-/// allreduce, with `-s`), when mpirun is installed: one row per count.
-fn mpi_allreduce(cluster: &Cluster, counts: &[usize], rounds: usize) -> Option<Vec<MpiRow>> {
-    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/../bench/mpi/run.sh");
-    if !std::path::Path::new(script).exists()
-        || std::process::Command::new("sh").args(["-c", "command -v mpirun"]).output().ok()?.stdout.is_empty()
-    {
-        return None;
-    }
-    let mut cmd = std::process::Command::new("bash");
-    cmd.arg(script).args(["--bench", "allreduce"]).arg(cluster.prefix()).arg(cluster.hosts().len().to_string());
-    // Two warm-ups (the first opens the TCP connections); up to `rounds`
-    // timed rounds, fewer where a count would take over two seconds, at
-    // least as many as AggBox's at 16 Mi.
-    let least = allreduce_rounds(16 << 20, rounds).1;
-    cmd.args(["--", "-s", "-w", "2", "-t", "2", "-m", &least.to_string(), "-r", &rounds.to_string()]);
-    cmd.args(counts.iter().map(|s| s.to_string()));
-    let out = cmd.output().ok()?;
-    if !out.status.success() {
-        let stderr = String::from_utf8_lossy(&out.stderr);
-        let tail: Vec<&str> = stderr.lines().rev().take(5).collect();
-        println!("Open MPI failed ({}): {}", out.status, tail.into_iter().rev().collect::<Vec<_>>().join(" / "));
-        return None;
-    }
-    let text = String::from_utf8_lossy(&out.stdout);
-    let rows: Vec<_> = text
-        .lines()
-        .filter(|l| l.starts_with("mpi op=allreduce"))
-        .map(|l| {
-            (
-                field(l, "bytes") as usize,
-                (field(l, "p50_us"), field(l, "p99_us")),
-                (field(l, "span_p50_us"), field(l, "span_p99_us")),
-                field(l, "rounds") as usize,
-            )
-        })
-        .collect();
-    (!rows.is_empty()).then_some(rows)
 }
 
 // ---- allreduce: the data-movement floor -----------------------------------
@@ -1554,6 +2151,22 @@ fn cpu_seconds() -> (f64, f64, f64, f64) {
     (processes / hz, interrupts / hz, mine, ksoftirqd / hz)
 }
 
+/// What the CPUs did since `before` (taken with [`cpu_seconds`] at
+/// `started`): this bench's processes, the packet path, and other processes
+/// (noise from whatever else runs on the machine).
+fn cpu_note(before: (f64, f64, f64, f64), started: std::time::Instant) -> String {
+    let after = cpu_seconds();
+    let (processes, interrupts, mine, ksoftirqd) = (after.0 - before.0, after.1 - before.1, after.2 - before.2, after.3 - before.3);
+    let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let wall = started.elapsed().as_secs_f64();
+    format!(
+        "CPU during the run ({cpus} CPUs × {wall:.1} s = {:.1} s): this bench's processes {mine:.1} s; interrupts and softirqs {interrupts:.1} s \
+         and ksoftirqd {ksoftirqd:.1} s (mostly this bench's packets); other processes {:.1} s (noise from whatever else runs)",
+        wall * cpus as f64,
+        (processes - mine - ksoftirqd).max(0.0)
+    )
+}
+
 fn human_count(count: usize) -> String {
     match count {
         c if c >= 1 << 20 && c % (1 << 20) == 0 => format!("{} Mi", c >> 20),
@@ -1563,9 +2176,10 @@ fn human_count(count: usize) -> String {
 }
 
 /// `aggbox bench allreduce`.
-pub fn allreduce(hosts: usize, mtu: u32, rounds: usize, with_mpi: bool) -> Result<(), String> {
+pub fn allreduce(hosts: usize, mtu: u32, rounds: usize, peers: (bool, bool), opts: &RunOpts) -> Result<(), String> {
+    let (with_mpi, with_gloo) = peers;
     let counts = ALLREDUCE_COUNTS;
-    let cluster = Cluster::temporary_with_mtu(hosts, mtu).map_err(|e| e.to_string())?;
+    let mut run = RunFile::new("allreduce", hosts, mtu);
     let chunk = aggbox_core::wire::chunk_size(mtu);
     println!(
         "allreduce of f32, sum, in place, on {hosts} hosts, MTU {mtu} (chunk {chunk} B = {} f32 per datagram); p50 (p99) in µs; every result checked against a plain loop",
@@ -1576,16 +2190,58 @@ pub fn allreduce(hosts: usize, mtu: u32, rounds: usize, with_mpi: bool) -> Resul
     );
     let started = std::time::Instant::now();
     let cpu_before = cpu_seconds();
-    let kernel = allreduce_run(&cluster, "kernel", &counts, rounds, 29_510)?;
-    let user = allreduce_run(&cluster, "user", &counts, rounds, 29_511)?;
-    let aggbox_time = started.elapsed();
-    let mpi = if with_mpi { mpi_allreduce(&cluster, &counts, rounds) } else { None };
-    let mpi_time = started.elapsed() - aggbox_time;
-    let host_drops = || -> u64 { (0..hosts).filter_map(|i| cluster.run_in(i, udp_rcvbuf_errors).ok()).sum() };
-    let drops_before = host_drops();
-    let floor = allreduce_floor(&cluster, &counts, rounds)?;
-    let floor_drops = host_drops() - drops_before;
-    let floor_time = started.elapsed() - aggbox_time - mpi_time;
+    let (kernel, user, aggbox_time, floor, floor_drops, floor_time) = {
+        let cluster = opts.cluster(hosts, mtu, false)?;
+        run.networks.push(network_of(&cluster));
+        let kernel = allreduce_run(&cluster, "kernel", &counts, rounds, 29_510)?;
+        let user = allreduce_run(&cluster, "user", &counts, rounds, 29_511)?;
+        let aggbox_time = started.elapsed();
+        progress("allreduce: the data-movement floor (plain UDP, GSO/GRO) on AggBox's cluster");
+        let host_drops = || -> u64 { (0..hosts).filter_map(|i| cluster.run_in(i, udp_rcvbuf_errors).ok()).sum() };
+        let drops_before = host_drops();
+        let floor = allreduce_floor(&cluster, &counts, rounds)?;
+        let floor_drops = host_drops() - drops_before;
+        (kernel, user, aggbox_time, floor, floor_drops, started.elapsed() - aggbox_time)
+    };
+    progress("AggBox's cluster removed");
+    // Two warm-ups (the first opens the TCP connections); up to `rounds`
+    // timed rounds, fewer where a count would take over two seconds, at
+    // least as many as AggBox's at 16 Mi.
+    let least = allreduce_rounds(16 << 20, rounds).1;
+    let mpi_args: Vec<String> = ["-s", "-w", "2", "-t", "2", "-m", &least.to_string(), "-r", &rounds.to_string()]
+        .iter()
+        .map(|s| s.to_string())
+        .chain(counts.iter().map(|c| c.to_string()))
+        .collect();
+    let mpi_started = std::time::Instant::now();
+    let jobs = peer_jobs(&mut run, with_mpi, with_gloo, "allreduce", "allreduce", &mpi_args);
+    let outcomes = peers_on_plain(opts, &mut run, jobs)?;
+    let mpi_time = mpi_started.elapsed();
+    let mpi_rows = peer_rows(&outcomes, Peer::OpenMpi, "allreduce");
+    let gloo_rows = peer_rows(&outcomes, Peer::Gloo, "allreduce");
+    let mpi = (!mpi_rows.is_empty()).then_some(&mpi_rows);
+    for (datapath, r) in [("kernel", &kernel), ("user", &user)] {
+        for l in &r.latencies {
+            for (measure, p) in [("slowest", l.slowest), ("span", l.span)] {
+                run.rows.push(aggbox_row(datapath, mtu, l.count * 4, Some(l.count), measure, p, l.rounds));
+            }
+        }
+    }
+    for f in &floor {
+        for (measure, p) in [("slowest", f.slowest), ("span", f.span)] {
+            run.rows.push(Row {
+                system: "floor".into(),
+                datapath: None,
+                ..aggbox_row("", mtu, f.count * 4, Some(f.count), measure, p, f.rounds)
+            });
+        }
+    }
+    run.rows.extend(peer_run_rows(Peer::OpenMpi, &mpi_rows, mtu, |bytes| Some(bytes / 4)));
+    run.rows.extend(peer_run_rows(Peer::Gloo, &gloo_rows, mtu, |bytes| Some(bytes / 4)));
+    for network in &run.networks {
+        let who = if network.kind == "plain" { "Open MPI, Gloo" } else { "AggBox (kernel, user) and the floor" };
+        println!("  {who}: {}", network.description);
+    }
 
     // What the kernel datapath did in the kernel, measured.
     let xdp = |name: &str| kernel.xdp.get(name).copied().unwrap_or(0.0);
@@ -1612,7 +2268,8 @@ pub fn allreduce(hosts: usize, mtu: u32, rounds: usize, with_mpi: bool) -> Resul
             user.user_folded
         );
     }
-    let mpi_row = |count: usize| mpi.as_ref().and_then(|rows| rows.iter().find(|r| r.0 == count * 4));
+    let mpi_row = |count: usize| mpi.and_then(|rows| rows.iter().find(|r| r.bytes == count * 4));
+    let gloo_row = |count: usize| gloo_rows.iter().find(|r| r.bytes == count * 4);
     let fmt = |p: (f64, f64)| format!("{:.0} ({:.0})", p.0, p.1);
     let ratio = |a: f64, b: Option<f64>| b.map_or("-".to_string(), |b| format!("{:.2}", a / b));
     for (title, pick) in [
@@ -1623,19 +2280,23 @@ pub fn allreduce(hosts: usize, mtu: u32, rounds: usize, with_mpi: bool) -> Resul
         let get_floor = |f: &FloorResult| if pick == 0 { f.slowest } else { f.span };
         println!("{title}:");
         println!(
-            "  {:>6} | {:>17} | {:>17} | {:>17} | {:>17} | {:>6} {:>6} {:>7}",
-            "count", "kernel", "user", "Open MPI", "floor", "k/MPI", "k/user", "k/floor"
+            "  {:>6} | {:>17} | {:>17} | {:>17} | {:>17} | {:>17} | {:>6} {:>6} {:>6} {:>7}",
+            "count", "kernel", "user", "Open MPI", "Gloo", "floor", "k/MPI", "k/Gloo", "k/user", "k/floor"
         );
+        let pick_peer = |m: &PeerLine| if pick == 0 { Some(m.slowest) } else { m.span };
         for (k, (u, f)) in kernel.latencies.iter().zip(user.latencies.iter().zip(&floor)) {
-            let m = mpi_row(k.count).map(|m| if pick == 0 { m.1 } else { m.2 });
+            let m = mpi_row(k.count).and_then(pick_peer);
+            let g = gloo_row(k.count).and_then(pick_peer);
             println!(
-                "  {:>6} | {:>17} | {:>17} | {:>17} | {:>17} | {:>6} {:>6} {:>7}",
+                "  {:>6} | {:>17} | {:>17} | {:>17} | {:>17} | {:>17} | {:>6} {:>6} {:>6} {:>7}",
                 human_count(k.count),
                 fmt(get(k)),
                 fmt(get(u)),
                 m.map_or("-".into(), fmt),
+                g.map_or("-".into(), fmt),
                 fmt(get_floor(f)),
                 ratio(get(k).0, m.map(|m| m.0)),
+                ratio(get(k).0, g.map(|g| g.0)),
                 ratio(get(k).0, Some(get(u).0)),
                 ratio(get(k).0, Some(get_floor(f).0)),
             );
@@ -1645,28 +2306,34 @@ pub fn allreduce(hosts: usize, mtu: u32, rounds: usize, with_mpi: bool) -> Resul
     for (k, (u, f)) in kernel.latencies.iter().zip(user.latencies.iter().zip(&floor)) {
         let bytes = (k.count * 4) as f64;
         println!(
-            "  {:>6} ({:>5}): kernel {:>6.1}, user {:>6.1}, Open MPI {:>6}, floor {:>6.1}",
+            "  {:>6} ({:>5}): kernel {:>6.1}, user {:>6.1}, Open MPI {:>6}, Gloo {:>6}, floor {:>6.1}",
             human_count(k.count),
             human(k.count * 4),
             bytes / k.slowest.0,
             bytes / u.slowest.0,
-            mpi_row(k.count).map_or("-".into(), |m| format!("{:.1}", bytes / m.1 .0)),
+            mpi_row(k.count).map_or("-".into(), |m| format!("{:.1}", bytes / m.slowest.0)),
+            gloo_row(k.count).map_or("-".into(), |m| format!("{:.1}", bytes / m.slowest.0)),
             bytes / f.slowest.0,
         );
     }
     let rounds_of = |l: &[ArLatency]| l.iter().map(|l| format!("{} {}", human_count(l.count), l.rounds)).collect::<Vec<_>>().join(", ");
     println!(
-        "timed rounds: kernel and user {}; Open MPI {}; floor {}",
+        "timed rounds: kernel and user {}; Open MPI {}; Gloo {}; floor {}",
         rounds_of(&kernel.latencies),
-        mpi.as_ref().map_or("-".into(), |rows| rows
+        mpi.map_or("-".into(), |rows| rows
             .iter()
-            .map(|r| format!("{} {}", human_count(r.0 / 4), r.3))
+            .map(|r| format!("{} {}", human_count(r.bytes / 4), r.rounds))
             .collect::<Vec<_>>()
             .join(", ")),
+        if gloo_rows.is_empty() {
+            "-".to_string()
+        } else {
+            gloo_rows.iter().map(|r| format!("{} {}", human_count(r.bytes / 4), r.rounds)).collect::<Vec<_>>().join(", ")
+        },
         floor.iter().map(|f| format!("{} {}", human_count(f.count), f.rounds)).collect::<Vec<_>>().join(", "),
     );
-    if mpi.is_none() && with_mpi {
-        println!("Open MPI: not measured (run scripts/mpi-setup.sh to install it)");
+    for note in &run.notes {
+        println!("{note}");
     }
     println!(
         "floor: plain UDP, no sums, each rank sends block p of its vector to rank p and takes its own block from everyone, then sends its block to everyone \
@@ -1741,17 +2408,17 @@ pub fn allreduce(hosts: usize, mtu: u32, rounds: usize, with_mpi: bool) -> Resul
     let at = |run: &ArRun, count: usize| run.latencies.iter().find(|l| l.count == count).map_or(f64::NAN, |l| l.slowest.0);
     let wake = kernel.per_op.iter().map(|(_, w, _)| w.0).fold(0.0, f64::max);
     println!("targets (slowest rank's p50): kernel ≤ 0.5 × Open MPI at 1 Ki ({}) and 1 Mi ({}); kernel ≥ 2 × faster than user at 1 Mi (user/kernel {:.2}); kernel within 1.5 × the floor (1 Mi: {:.2}, 16 Mi: {:.2}); one wake-up per rank per operation (worst kernel rank: {wake:.2})",
-        ratio(at(&kernel, 1 << 10), mpi_row(1 << 10).map(|m| m.1 .0)),
-        ratio(at(&kernel, 1 << 20), mpi_row(1 << 20).map(|m| m.1 .0)),
+        ratio(at(&kernel, 1 << 10), mpi_row(1 << 10).map(|m| m.slowest.0)),
+        ratio(at(&kernel, 1 << 20), mpi_row(1 << 20).map(|m| m.slowest.0)),
         at(&user, 1 << 20) / at(&kernel, 1 << 20),
         at(&kernel, 1 << 20) / floor.iter().find(|f| f.count == 1 << 20).map_or(f64::NAN, |f| f.slowest.0),
         at(&kernel, 16 << 20) / floor.iter().find(|f| f.count == 16 << 20).map_or(f64::NAN, |f| f.slowest.0),
     );
     println!(
-        "run time: AggBox {:.1} s, Open MPI {:.1} s, floor {:.1} s",
+        "run time: AggBox {:.1} s, floor {:.1} s, Open MPI and Gloo {:.1} s (their plain cluster's set-up included)",
         aggbox_time.as_secs_f64(),
-        mpi_time.as_secs_f64(),
-        floor_time.as_secs_f64()
+        floor_time.as_secs_f64(),
+        mpi_time.as_secs_f64()
     );
     let wrong: Vec<String> = [("kernel", &kernel), ("user", &user)]
         .iter()
@@ -1768,17 +2435,13 @@ pub fn allreduce(hosts: usize, mtu: u32, rounds: usize, with_mpi: bool) -> Resul
             wrong.join("; ")
         );
     }
-    let cpu_after = cpu_seconds();
-    let (processes, interrupts, mine, ksoftirqd) =
-        (cpu_after.0 - cpu_before.0, cpu_after.1 - cpu_before.1, cpu_after.2 - cpu_before.2, cpu_after.3 - cpu_before.3);
-    let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
-    let wall = started.elapsed().as_secs_f64();
-    println!(
-        "CPU during the run ({cpus} CPUs × {wall:.1} s = {:.1} s): this bench's processes {mine:.1} s; interrupts and softirqs {interrupts:.1} s \
-         and ksoftirqd {ksoftirqd:.1} s (mostly this bench's packets); other processes {:.1} s (noise from whatever else runs)",
-        wall * cpus as f64,
-        (processes - mine - ksoftirqd).max(0.0)
-    );
+    let load = cpu_note(cpu_before, started);
+    println!("{load}");
+    run.notes.push(load);
+    if !wrong.is_empty() {
+        run.notes.push(format!("WRONG RESULTS (the timings include those rounds): {}", wrong.join("; ")));
+    }
+    opts.write(&mut run)?;
     if !wrong.is_empty() {
         return Err(format!("allreduce gave wrong results: {}", wrong.join("; ")));
     }

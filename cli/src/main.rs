@@ -2,6 +2,7 @@
 
 mod agree_bench;
 mod bench;
+mod results;
 
 use std::{net::Ipv4Addr, process::ExitCode, time::Instant};
 
@@ -134,6 +135,12 @@ enum ClusterAction {
         /// Inject faults on the frames delivered to every host: "DROP%,DUP%" or "DROP%,DUP%,REORDER%".
         #[arg(long)]
         faults: Option<String>,
+        /// No program on any interface (not even the bare XDP program on
+        /// the bridge ports, which turns TSO/GSO off on the hosts' eth0):
+        /// the network TCP peers such as Open MPI run on. AggBox's XDP_TX
+        /// replies are not delivered there, and --faults is refused.
+        #[arg(long)]
+        plain: bool,
     },
     /// Remove the cluster of that prefix.
     Down {
@@ -156,8 +163,8 @@ fn run(cli: Cli) -> Result<ExitCode, String> {
             print!("{}", report.render());
             Ok(if report.user_ok { ExitCode::SUCCESS } else { ExitCode::FAILURE })
         }
-        Command::Cluster { action: ClusterAction::Up { hosts, prefix, mtu, faults } } => {
-            let mut cluster = Cluster::up(ClusterSpec { hosts, prefix, mtu }).map_err(|e| e.to_string())?;
+        Command::Cluster { action: ClusterAction::Up { hosts, prefix, mtu, faults, plain } } => {
+            let mut cluster = Cluster::up(ClusterSpec { hosts, prefix, mtu, plain }).map_err(|e| e.to_string())?;
             if let Some(faults) = faults {
                 cluster.inject_faults(parse_faults(&faults)?).map_err(|e| e.to_string())?;
             }
@@ -165,7 +172,8 @@ fn run(cli: Cli) -> Result<ExitCode, String> {
                 println!("{} {} {}", host.netns, host.ipv4, aggbox_core::netif::format_mac(&host.mac));
             }
             let prefix = cluster.keep().map_err(|e| e.to_string())?;
-            println!("cluster {prefix} is up; run a rank with: ip netns exec {prefix}-h0 <program>; remove it with: aggbox cluster down --prefix {prefix}");
+            let kind = if plain { " (plain: no program on any interface)" } else { "" };
+            println!("cluster {prefix}{kind} is up; run a rank with: ip netns exec {prefix}-h0 <program>; remove it with: aggbox cluster down --prefix {prefix}");
             Ok(ExitCode::SUCCESS)
         }
         Command::Cluster { action: ClusterAction::Down { prefix } } => {
@@ -221,10 +229,16 @@ fn run(cli: Cli) -> Result<ExitCode, String> {
     }
 }
 
-/// One rank of a benchmark: `barriers` timed barriers after a warm-up one.
+/// One rank of a benchmark: `barriers` timed barriers back to back after a
+/// warm-up one, then `barriers` samples of one barrier each, taken as
+/// bench/mpi takes them (a barrier, then each rank times its own barrier;
+/// `sampled_us`, one per sample, for the bench to take the slowest rank's).
 fn rank(barriers: usize) -> Result<(), String> {
     let mut comm = Comm::from_env().map_err(|e| e.to_string())?;
     comm.barrier().map_err(|e| e.to_string())?;
+    if comm.rank() == 0 {
+        eprintln!("progress: {barriers} barriers back to back");
+    }
     let mut samples = Vec::with_capacity(barriers);
     let start = Instant::now();
     for _ in 0..barriers {
@@ -235,15 +249,26 @@ fn rank(barriers: usize) -> Result<(), String> {
     let total = start.elapsed();
     samples.sort_unstable();
     let p50 = samples.get(samples.len() / 2).copied().unwrap_or(0);
+    if comm.rank() == 0 {
+        eprintln!("progress: {barriers} sampled barriers (a barrier, then each rank times its own)");
+    }
+    let mut sampled = Vec::with_capacity(barriers);
+    for _ in 0..barriers {
+        comm.barrier().map_err(|e| e.to_string())?;
+        let t = Instant::now();
+        comm.barrier().map_err(|e| e.to_string())?;
+        sampled.push(format!("{:.1}", t.elapsed().as_nanos() as f64 / 1000.0));
+    }
     let stats = comm.stats().map_err(|e| e.to_string())?;
     println!(
-        "rank={} datapath={} barriers={barriers} total_us={} p50_us={:.1} retransmits={} xdp_accepted={}",
+        "rank={} datapath={} barriers={barriers} total_us={} p50_us={:.1} retransmits={} xdp_accepted={} sampled_us={}",
         comm.rank(),
         comm.datapath().name(),
         total.as_micros(),
         p50 as f64 / 1000.0,
         stats.user.retransmits,
-        stats.kernel.get(Prog::XdpIngress, "accepted")
+        stats.kernel.get(Prog::XdpIngress, "accepted"),
+        sampled.join(",")
     );
     Ok(())
 }

@@ -10,6 +10,14 @@
 //! it. Faults ([`crate::fault`]) are injected at TC egress of those ports,
 //! which every frame delivered to a host passes once.
 //!
+//! A *plain* cluster ([`ClusterSpec::with_plain`]) has no program on any
+//! interface: the network a user runs TCP peers such as Open MPI on. An XDP
+//! program on a veth turns TSO/GSO off on its peer, so on a cluster with the
+//! bare XDP program the hosts' TCP is cut into MTU-sized frames; on a plain
+//! one it is not. AggBox's own `XDP_TX` replies are not delivered between
+//! the hosts of a plain cluster, and faults are refused on it (they are TC
+//! programs on the ports, and a plain cluster is one with no program).
+//!
 //! Namespaces and links are made with `ip`; BPF programs are attached from a
 //! thread that has entered the switch namespace (`setns` moves only the
 //! calling thread). Dropping a [`Cluster`] removes its namespaces, which
@@ -96,6 +104,9 @@ pub struct ClusterSpec {
     pub prefix: String,
     /// The MTU of every link.
     pub mtu: u32,
+    /// No program on any interface, not even the bare XDP program on the
+    /// bridge ports (see the module's docs); faults are refused.
+    pub plain: bool,
 }
 
 impl ClusterSpec {
@@ -105,12 +116,18 @@ impl ClusterSpec {
             hosts,
             prefix: prefix.into(),
             mtu: DEFAULT_MTU,
+            plain: false,
         }
     }
 
     /// The same spec with another MTU.
     pub fn with_mtu(self, mtu: u32) -> Self {
         ClusterSpec { mtu, ..self }
+    }
+
+    /// The same spec, plain (no program on any interface) or not.
+    pub fn with_plain(self, plain: bool) -> Self {
+        ClusterSpec { plain, ..self }
     }
 
     /// Checks the host count, the prefix and the MTU.
@@ -148,7 +165,8 @@ pub struct Host {
     pub port: String,
     /// Whether the bare XDP program on `port` runs in driver (native) mode.
     /// If not (it fell back to generic mode, e.g. because the MTU is too big
-    /// for native XDP on veth), `XDP_TX` from this host is not delivered.
+    /// for native XDP on veth, or the cluster is plain and `port` has no
+    /// program), `XDP_TX` from this host is not delivered.
     pub port_native_xdp: bool,
 }
 
@@ -387,6 +405,7 @@ struct PortXdp {
 pub struct Cluster {
     prefix: String,
     mtu: u32,
+    plain: bool,
     hosts: Vec<Host>,
     /// The namespaces made so far, removed on drop.
     created: Vec<String>,
@@ -401,6 +420,7 @@ impl std::fmt::Debug for Cluster {
         f.debug_struct("Cluster")
             .field("prefix", &self.prefix)
             .field("mtu", &self.mtu)
+            .field("plain", &self.plain)
             .field("hosts", &self.hosts)
             .field("faults_injected", &!self.faults.is_empty())
             .finish()
@@ -428,6 +448,7 @@ impl Cluster {
         let mut cluster = Cluster {
             prefix,
             mtu: spec.mtu,
+            plain: spec.plain,
             hosts: Vec::new(),
             created: Vec::new(),
             xdp: None,
@@ -438,8 +459,10 @@ impl Cluster {
         for index in 0..spec.hosts {
             cluster.add_host(index)?;
         }
-        cluster.attach_port_xdp()?;
-        tracing::debug!(prefix = %cluster.prefix, hosts = spec.hosts, mtu = spec.mtu, "cluster up");
+        if !spec.plain {
+            cluster.attach_port_xdp()?;
+        }
+        tracing::debug!(prefix = %cluster.prefix, hosts = spec.hosts, mtu = spec.mtu, plain = spec.plain, "cluster up");
         Ok(cluster)
     }
 
@@ -452,6 +475,16 @@ impl Cluster {
 
     /// [`Cluster::temporary`] with another MTU.
     pub fn temporary_with_mtu(hosts: usize, mtu: u32) -> Result<Cluster> {
+        Self::temporary_of(hosts, mtu, false)
+    }
+
+    /// A [plain](ClusterSpec::with_plain) [`Cluster::temporary_with_mtu`]: no
+    /// program on any interface.
+    pub fn temporary_plain(hosts: usize, mtu: u32) -> Result<Cluster> {
+        Self::temporary_of(hosts, mtu, true)
+    }
+
+    fn temporary_of(hosts: usize, mtu: u32, plain: bool) -> Result<Cluster> {
         sweep_dead_temporaries();
         let pid = std::process::id();
         let prefix = loop {
@@ -462,7 +495,7 @@ impl Cluster {
                 break prefix;
             }
         };
-        Self::up(ClusterSpec { hosts, prefix, mtu })
+        Self::up(ClusterSpec { hosts, prefix, mtu, plain })
     }
 
     fn add_netns(&mut self, name: String) -> Result<()> {
@@ -556,6 +589,12 @@ impl Cluster {
         self.mtu
     }
 
+    /// Whether it is [plain](ClusterSpec::with_plain): no program on any
+    /// interface.
+    pub fn is_plain(&self) -> bool {
+        self.plain
+    }
+
     /// The namespace of its bridge.
     pub fn switch_netns(&self) -> String {
         switch_netns(&self.prefix)
@@ -603,7 +642,15 @@ impl Cluster {
     /// ([`FaultSpec::NONE`] only counts them). A spec that reorders also puts
     /// the slow-path HTB qdisc of [`crate::fault`] at the root of every
     /// bridge-side port; one that does not leaves the ports without a qdisc.
+    /// Refused on a [plain](ClusterSpec::with_plain) cluster.
     pub fn inject_faults(&mut self, spec: FaultSpec) -> Result<()> {
+        if self.plain {
+            return Err(Error::Unsupported(format!(
+                "cluster {} is plain (no program on any interface) and faults are TC programs on its bridge ports; \
+                 bring it up without plain (`aggbox cluster up` without --plain) to inject faults",
+                self.prefix
+            )));
+        }
         spec.validate()?;
         // Two fault programs on one port would compound.
         self.clear_faults();
@@ -636,6 +683,7 @@ impl Cluster {
     }
 
     /// Leaves the cluster up after this process exits: pins its BPF links
+    /// (none on a plain cluster, whose directory stays empty)
     /// under `PIN_ROOT/<prefix>/` (mounting the bpffs if needed) and does not
     /// remove it on drop. [`down`] removes it. Returns its prefix. If pinning
     /// fails, the cluster is removed.
@@ -741,5 +789,14 @@ mod tests {
         assert!(ClusterSpec::new("-x", 1).validate().is_err());
         assert!(ClusterSpec::new("a/b", 1).validate().is_err());
         assert!(ClusterSpec::new("ok", 1).with_mtu(MIN_MTU - 1).validate().is_err());
+        assert!(ClusterSpec::new("ok", 3).with_plain(true).validate().is_ok());
+    }
+
+    #[test]
+    fn specs_are_not_plain_unless_asked() {
+        let spec = ClusterSpec::new("ok", 2);
+        assert!(!spec.plain);
+        assert!(spec.clone().with_plain(true).plain);
+        assert!(!spec.with_plain(true).with_mtu(9000).with_plain(false).plain);
     }
 }

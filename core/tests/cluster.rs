@@ -524,3 +524,85 @@ fn mtu_too_big_for_native_xdp_falls_back_to_generic() {
     assert_eq!(receiver.recv(&mut buf).unwrap(), payload.len());
     assert_eq!(&buf[..payload.len()], &payload[..]);
 }
+
+/// What `ethtool -k` says of feature `name` on `eth0` of `host` ("on",
+/// "off", "off [fixed]", ...).
+fn eth0_feature(cluster: &Cluster, host: usize, name: &str) -> String {
+    let mut command = cluster.command(host, "ethtool");
+    command.args(["-k", "eth0"]);
+    let features = stdout_of(command);
+    features
+        .lines()
+        .find_map(|line| line.trim().strip_prefix(name)?.strip_prefix(':'))
+        .unwrap_or_else(|| panic!("no {name} in ethtool -k eth0: {features}"))
+        .trim()
+        .to_string()
+}
+
+#[test]
+fn plain_cluster_has_no_program_and_carries_udp_both_ways() {
+    let prefix = format!("fbplain{}", std::process::id());
+    let _guard = DownOnDrop(prefix.clone());
+    let mut cluster = Cluster::up(ClusterSpec::new(&prefix, 2).with_plain(true)).unwrap();
+    assert!(cluster.is_plain());
+    for host in cluster.hosts() {
+        assert!(!host.port_native_xdp, "{host:?}");
+        // The same view of the port as port_xdp_mode's, which finds no XDP.
+        let mut command = Command::new("ip");
+        command.args(["-n", &cluster.switch_netns(), "-o", "-d", "link", "show", "dev", &host.port]);
+        let link = stdout_of(command);
+        assert!(!link.split_whitespace().any(|word| word.starts_with("xdp")), "XDP on {}: {link}", host.port);
+        assert!(!link.contains("prog/xdp"), "XDP on {}: {link}", host.port);
+        let mut command = Command::new("tc");
+        command.args(["-n", &cluster.switch_netns(), "filter", "show", "dev", &host.port, "egress"]);
+        assert_eq!(stdout_of(command).trim(), "", "a TC program on {}", host.port);
+        // With no XDP on its peer, a host's veth keeps TSO.
+        assert_eq!(eth0_feature(&cluster, host.index, "tcp-segmentation-offload"), "on");
+    }
+    // Faults need TC programs on the ports: refused, and the cluster is left as it was.
+    let refused = cluster.inject_faults(FaultSpec::percent(1.0, 0.0)).unwrap_err();
+    assert!(refused.to_string().contains("plain"), "{refused}");
+    assert!(cluster.fault_stats().is_err());
+
+    // A datagram from host 0 to host 1, and its echo back.
+    let receiver = bind(&cluster, 1, PORT);
+    receiver.set_read_timeout(Some(TIMEOUT)).unwrap();
+    let sender = bind(&cluster, 0, 0);
+    sender.set_read_timeout(Some(TIMEOUT)).unwrap();
+    let message = b"plain hello";
+    sender.send_to(message, (cluster.host(1).ipv4, PORT)).unwrap();
+    let mut buf = [0u8; 64];
+    let (len, from) = receiver.recv_from(&mut buf).unwrap();
+    assert_eq!(&buf[..len], message);
+    assert_eq!(from.ip(), cluster.host(0).ipv4);
+    receiver.send_to(&buf[..len], from).unwrap();
+    let (len, from) = sender.recv_from(&mut buf).unwrap();
+    assert_eq!(&buf[..len], message);
+    assert_eq!(from, receiver.local_addr().unwrap());
+
+    drop((sender, receiver, cluster));
+    assert_eq!(netns_of(&prefix), Vec::<String>::new());
+}
+
+#[test]
+fn aggbox_cluster_turns_tso_off_on_its_hosts() {
+    // The reason plain clusters exist: the bare XDP program on the bridge
+    // port takes TSO from the host's veth.
+    let cluster = Cluster::temporary(1).unwrap();
+    assert!(!cluster.is_plain());
+    assert!(eth0_feature(&cluster, 0, "tcp-segmentation-offload").starts_with("off"));
+}
+
+#[test]
+fn kept_plain_cluster_is_removed_by_down() {
+    let prefix = format!("fbkeep{}", std::process::id());
+    let _guard = DownOnDrop(prefix.clone());
+    let cluster = Cluster::up(ClusterSpec::new(&prefix, 2).with_plain(true)).unwrap();
+    assert_eq!(cluster.keep().unwrap(), prefix);
+    assert_eq!(netns_of(&prefix).len(), 3);
+    let pins = Path::new(PIN_ROOT).join(&prefix);
+    assert_eq!(std::fs::read_dir(&pins).unwrap().count(), 0, "a plain cluster pins nothing");
+    assert_eq!(cluster::down(&prefix).unwrap(), 3);
+    assert_eq!(netns_of(&prefix), Vec::<String>::new());
+    assert!(!pins.exists());
+}
