@@ -20,7 +20,7 @@
  *
  * Prints on stdout, for people and scripts:
  *   train rank=R ranks=N datapath=kernel|user|single params=P features=F classes=K batch=B steps=S lr=X seed=S
- *   step=T loss=L time_us=X end_ns=E gmax=G     (one per step)
+ *   step=T rank=R loss=L time_us=X end_ns=E gmax=G     (one per step)
  *   done rank=R steps=S start_ns=E total_s=X weights_fnv1a=0x...
  * loss: the mean loss of this rank's batch before the step (--single: of
  * every shard's); time_us: the step, gradient + allreduce + update; end_ns
@@ -100,8 +100,8 @@ int main(int argc, char **argv) {
             // Plain SGD.
             for (std::size_t i = 0; i < n; i++) w[i] -= o.lr * static_cast<double>(g[i]);
             const long long t1 = train::now_ns();
-            std::printf("step=%ld loss=%.6f time_us=%.1f end_ns=%lld gmax=%.9g\n", step, loss, (t1 - t0) / 1e3, t1,
-                        static_cast<double>(gmax));
+            std::printf("step=%ld rank=%d loss=%.6f time_us=%.1f end_ns=%lld gmax=%.9g\n", step, rank, loss,
+                        (t1 - t0) / 1e3, t1, static_cast<double>(gmax));
         }
         std::printf("done rank=%d steps=%ld start_ns=%lld total_s=%.3f weights_fnv1a=0x%016" PRIx64 "\n", rank,
                     o.steps, start, (train::now_ns() - start) / 1e9, train::checksum(w));
