@@ -250,8 +250,8 @@ fn every_rank_trains_the_single_process_weights_within_the_quantization_bound() 
             bits.push((what, bytes));
         }
         let limit = bound(&gmax, &single.gmax);
-        for r in 0..HOSTS {
-            let w = read_weights(&files[r]);
+        for (r, file) in files.iter().enumerate() {
+            let w = read_weights(file);
             let diff = norm(w.iter().zip(&w_single).map(|(a, b)| a - b));
             let largest = w.iter().zip(&w_single).map(|(a, b)| (a - b).abs()).fold(0.0, f64::max);
             assert!(
