@@ -2653,6 +2653,8 @@ struct TrainRun {
     start_ns: Vec<f64>,
     /// Per rank: the hash of its final weights.
     hashes: Vec<String>,
+    /// The model's parameters, as the ranks said.
+    params: usize,
 }
 
 /// The value of `key` on `line`, as a word.
@@ -2667,13 +2669,16 @@ fn parse_train(lines: &[String], ranks: usize, steps: usize, what: &str) -> Resu
         steps: (0..ranks).map(|_| Vec::with_capacity(steps)).collect(),
         start_ns: vec![f64::NAN; ranks],
         hashes: vec![String::new(); ranks],
+        params: 0,
     };
     let rank_of = |line: &str| -> Result<usize, String> {
         word(line, "rank").and_then(|r| r.parse().ok()).filter(|r| *r < ranks).ok_or_else(|| format!("{what}: no rank below {ranks} in {line:?}"))
     };
     for line in lines {
         let line = line.strip_prefix("mpi ").unwrap_or(line);
-        if line.starts_with("step=") {
+        if line.starts_with("train ") {
+            run.params = field(line, "params") as usize;
+        } else if line.starts_with("step=") {
             let rank = rank_of(line)?;
             if field(line, "step") != run.steps[rank].len() as f64 {
                 return Err(format!("{what}: rank {rank}'s steps are out of order at {line:?}"));
@@ -2736,8 +2741,6 @@ fn train(spec: &TrainSpec, with_mpi: bool, opts: &RunOpts) -> Result<(), String>
     let (started, cpu_before) = (std::time::Instant::now(), cpu_seconds());
     let program = TrainProgram::build()?;
     let args = spec.args();
-    let features = spec.params / 10;
-    let params = features * 10;
     let (kernel, user) = {
         let cluster = opts.cluster(hosts, mtu, false)?;
         run.networks.push(network_of(&cluster));
@@ -2760,6 +2763,8 @@ fn train(spec: &TrainSpec, with_mpi: bool, opts: &RunOpts) -> Result<(), String>
         Some((_, PeerRun::Ran { raw, .. })) => Some(parse_train(raw, hosts, spec.steps, "Open MPI")?),
         _ => None,
     };
+    // What train.cpp made of --params (a multiple of its classes).
+    let params = kernel.params;
 
     let mut systems: Vec<(&str, Option<&str>, &str, TrainStats, &TrainRun)> =
         vec![("AggBox", Some("kernel"), "aggbox", train_stats(&kernel, spec.target_loss), &kernel), ("AggBox", Some("user"), "aggbox", train_stats(&user, spec.target_loss), &user)];

@@ -91,12 +91,16 @@ inline Options parse(int argc, char **argv, bool has_single) {
         else if (a == "--seed") o.seed = static_cast<std::uint64_t>(number(i));
         else if (a == "--ranks" && has_single) o.ranks = static_cast<int>(number(i));
         else if (a == "--single" && has_single) o.single = true;
-        else if (a == "--lr" && i + 1 < argc) {
+        else if (a == "--lr" || a == "--weights") {
+            if (i + 1 >= argc) usage("an option lacks its value");
+            if (a == "--weights") {
+                o.weights = argv[++i];
+                continue;
+            }
             char *end = nullptr;
             o.lr = std::strtod(argv[++i], &end);
             if (*end != '\0' || !(o.lr > 0 && o.lr <= 4)) usage("--lr takes a step size in (0, 4]");
-        } else if (a == "--weights" && i + 1 < argc) o.weights = argv[++i];
-        else usage(("unknown argument " + a).c_str());
+        } else usage(("unknown argument " + a).c_str());
     }
     if (o.params < 4 * NNZ * CLASSES) usage("--params is too small");
     if (o.ranks == 0) {
