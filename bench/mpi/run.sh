@@ -3,16 +3,19 @@
 # virtual cluster, one rank per namespace, the way ../shared/ARCHITECTURE.md
 # ("What to beat") measured it:
 #
-#   bench/mpi/run.sh [--bench bcast|allreduce|barrier] PREFIX HOSTS [-- BENCH_ARGS...]
+#   bench/mpi/run.sh [--bench bcast|allreduce|barrier|train] PREFIX HOSTS [-- BENCH_ARGS...]
 #   bench/mpi/run.sh mpib 8 -- 64 1K 64K 1M 64M
 #   bench/mpi/run.sh --bench allreduce mpib 8 -- -s 1K 64K 1M 16M
+#   bench/mpi/run.sh --bench train mpib 8 -- --steps 100 --params 1000000
 #
 # --bench picks the program: bcast (the default) runs bcast_bench.c
 # (MPI_Bcast and MPI_Barrier), allreduce runs allreduce_bench.c
 # (MPI_Allreduce of f32 with MPI_SUM, and MPI_Barrier), barrier runs
-# barrier_bench.c (MPI_Barrier only; no SIZEs).
+# barrier_bench.c (MPI_Barrier only; no SIZEs), train runs train_mpi.cpp
+# (examples/cpp/train.cpp's training with MPI_Allreduce; its options, not
+# SIZEs; built with mpicxx and -I examples/cpp for train_model.hpp).
 #
-# `aggbox bench broadcast|allreduce|barrier` run it on a plain cluster
+# `aggbox bench broadcast|allreduce|barrier|train` run it on a plain cluster
 # (`aggbox cluster up --plain`: no program on any interface), the network a
 # user runs Open MPI on; on a cluster without --plain, TCP runs without
 # TSO/GSO (see README.md, Pitfalls).
@@ -28,6 +31,7 @@
 #   mpi op=bcast bytes=N rounds=R p50_us=X p99_us=Y     (one per size; or op=allreduce)
 #   mpi op=barrier bytes=0 rounds=R p50_us=X p99_us=Y
 #
+# (train prints train.cpp's lines behind "mpi "; see train_mpi.cpp's top)
 # and exits non-zero if anything failed (including a broadcast that delivered
 # wrong data, or an allreduce whose result was wrong). Diagnostics go to stderr.
 #
@@ -42,9 +46,10 @@
 # otherwise, which with 8 ranks on 2 cores makes it ~250x slower).
 #
 # The program is compiled with mpicc (-I this directory, for bench_common.h,
-# the code both programs share) into a temporary directory that is removed at
-# the end (with the hostfile and agent), or into $AGGBOX_MPI_BUILD_DIR if set
-# (kept; rebuilt only when the source or bench_common.h is newer).
+# the code the C programs share; train: mpicxx, -I examples/cpp) into a
+# temporary directory that is removed at the end (with the hostfile and
+# agent), or into $AGGBOX_MPI_BUILD_DIR if set (kept; rebuilt only when the
+# source or its shared header is newer).
 # $AGGBOX_MPI_TIMEOUT (seconds, default 900) bounds the whole mpirun.
 # Needs root and Open MPI (scripts/mpi-setup.sh installs it).
 set -euo pipefail
@@ -52,7 +57,7 @@ set -euo pipefail
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 
 usage() {
-  echo "usage: $0 [--bench bcast|allreduce|barrier] PREFIX HOSTS [-- BENCH_ARGS...]" >&2
+  echo "usage: $0 [--bench bcast|allreduce|barrier|train] PREFIX HOSTS [-- BENCH_ARGS...]" >&2
   exit 2
 }
 bench=bcast
@@ -61,15 +66,19 @@ if (($#)) && [[ $1 == --bench ]]; then
   bench=$2
   shift 2
 fi
+prog=${bench}_bench
+src=$here/$prog.c
+common=$here/bench_common.h
 case $bench in
   bcast) default_args=(64 1K 64K 1M 64M) ;;
   allreduce) default_args=(1K 64K 1M 16M) ;;
   barrier) default_args=() ;;
-  *) echo "run.sh: unknown benchmark: $bench (bcast, allreduce or barrier)" >&2; exit 2 ;;
+  train)
+    default_args=()
+    prog=train_mpi src=$here/train_mpi.cpp common=$here/../../examples/cpp/train_model.hpp
+    ;;
+  *) echo "run.sh: unknown benchmark: $bench (bcast, allreduce, barrier or train)" >&2; exit 2 ;;
 esac
-prog=${bench}_bench
-src=$here/$prog.c
-common=$here/bench_common.h
 (($# >= 2)) || usage
 prefix=$1 hosts=$2
 shift 2
@@ -89,6 +98,7 @@ done
 # Open MPI's own names, in case the mpirun/mpicc alternatives point at MPICH.
 mpirun=$(command -v mpirun.openmpi || command -v mpirun || true)
 mpicc=$(command -v mpicc.openmpi || command -v mpicc || true)
+mpicxx=$(command -v mpicxx.openmpi || command -v mpicxx || true)
 mpiver=$([[ -n $mpirun ]] && "$mpirun" --version 2>/dev/null || true)
 if [[ -z $mpicc || ! ($mpiver == *"Open MPI"* || $mpiver == *OpenRTE*) ]]; then
   echo "run.sh: Open MPI not found; run scripts/mpi-setup.sh first" >&2
@@ -163,7 +173,12 @@ else
   bin=$tmp/$prog
 fi
 if [[ ! -x $bin || $src -nt $bin || $common -nt $bin ]]; then
-  "$mpicc" -O2 -Wall -Wextra -I "$here" -o "$bin.new" "$src" -lm
+  if [[ $bench == train ]]; then
+    [[ -n $mpicxx ]] || { echo "run.sh: mpicxx not found (libopenmpi-dev); run scripts/mpi-setup.sh" >&2; exit 1; }
+    "$mpicxx" -std=c++17 -O2 -Wall -Wextra -I "$(dirname "$common")" -o "$bin.new" "$src"
+  else
+    "$mpicc" -O2 -Wall -Wextra -I "$here" -o "$bin.new" "$src" -lm
+  fi
   mv -f "$bin.new" "$bin"
 fi
 

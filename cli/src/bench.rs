@@ -27,7 +27,7 @@ use aggbox_core::{
 };
 use clap::Subcommand;
 
-use crate::results::{Network, Row, RunFile};
+use crate::results::{Curve, Network, Row, RunFile};
 
 /// Where the Open MPI baselines are run from.
 const MPI_SCRIPT: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../bench/mpi/run.sh");
@@ -205,6 +205,42 @@ pub enum Bench {
         #[command(flatten)]
         run: RunOpts,
     },
+    /// Data-parallel training on N hosts (examples/cpp/train.cpp: softmax
+    /// regression on a synthetic sparse data set, each rank its own shard,
+    /// f32 gradients averaged by one allreduce per step, plain SGD): time
+    /// per step and time to a fixed loss, AggBox kernel vs user datapath on
+    /// AggBox's cluster vs Open MPI (bench/mpi/train_mpi.cpp, the same
+    /// training over MPI_Allreduce) on a plain one.
+    Train {
+        /// Number of hosts (one rank each).
+        #[arg(long, default_value_t = 8)]
+        hosts: usize,
+        /// MTU of both clusters' links.
+        #[arg(long, default_value_t = cluster::DEFAULT_MTU)]
+        mtu: u32,
+        /// Training steps of each system.
+        #[arg(long, default_value_t = 100)]
+        steps: usize,
+        /// Model parameters (f32 gradient elements allreduced per step).
+        #[arg(long, default_value_t = 1_000_000)]
+        params: usize,
+        /// Samples per rank per step.
+        #[arg(long, default_value_t = 64)]
+        batch: usize,
+        /// Seed of the data set.
+        #[arg(long, default_value_t = 1)]
+        seed: u64,
+        /// The loss whose time is measured: until the end of the first
+        /// step whose loss (the mean of the ranks' batch losses) is at or
+        /// below it.
+        #[arg(long, default_value_t = 2.0)]
+        target_loss: f64,
+        /// Skip Open MPI.
+        #[arg(long)]
+        no_mpi: bool,
+        #[command(flatten)]
+        run: RunOpts,
+    },
     /// Regenerate the measured tables of docs/BENCHMARKS.md (between
     /// `<!-- bench:begin -->` and `<!-- bench:end -->`) from the run files
     /// in DIR: the latest run of each bench, host count and MTU; also writes
@@ -247,6 +283,9 @@ pub fn run(bench: Bench) -> Result<(), String> {
         Bench::Barrier { hosts, barriers, faults, mtu, no_mpi, no_gloo, run } => {
             let faults = faults.map(|f| crate::parse_faults(&f)).transpose()?;
             barrier(hosts, barriers, faults, mtu, (!no_mpi, !no_gloo), &run)
+        }
+        Bench::Train { hosts, mtu, steps, params, batch, seed, target_loss, no_mpi, run } => {
+            train(&TrainSpec { hosts, mtu, steps, params, batch, seed, target_loss }, !no_mpi, &run)
         }
         Bench::Report { dir, doc, dry_run } => crate::results::report(&dir, &doc, dry_run),
     }
@@ -433,8 +472,10 @@ enum PeerRun {
     Skipped(String),
     /// It ran and failed: its exit status and its stderr's last lines.
     Failed(String),
-    /// Its `<tag> op=…` lines, and the library it reported.
-    Ran { lines: Vec<(String, PeerLine)>, library: String },
+    /// Its `<tag> op=…` lines, and the library it reported; `raw`: every
+    /// line it printed that starts with `<tag> ` (for benches whose lines
+    /// are not `op=` samples, e.g. train's steps).
+    Ran { lines: Vec<(String, PeerLine)>, library: String, raw: Vec<String> },
 }
 
 impl PeerRun {
@@ -478,11 +519,14 @@ fn run_peer(peer: Peer, cluster: &Cluster, program: &str, args: &[String]) -> Pe
         }
         kept
     });
-    let (mut lines, mut library) = (Vec::new(), String::new());
+    let (mut lines, mut library, mut raw) = (Vec::new(), String::new(), Vec::new());
     let (ranks_prefix, op_prefix) = (format!("{tag} ranks="), format!("{tag} op="));
     for line in child.stdout.take().into_iter().flat_map(|o| BufReader::new(o).lines().map_while(Result::ok)) {
         if line.starts_with(&ranks_prefix) {
             library = line.split("library=").nth(1).unwrap_or("").trim_matches('"').to_string();
+        }
+        if line.starts_with(&format!("{tag} ")) {
+            raw.push(line.clone());
         }
         if !line.starts_with(&op_prefix) {
             continue;
@@ -501,7 +545,8 @@ fn run_peer(peer: Peer, cluster: &Cluster, program: &str, args: &[String]) -> Pe
     let status = child.wait();
     let stderr = reader.join().unwrap_or_default();
     match status {
-        Ok(status) if status.success() && !lines.is_empty() => PeerRun::Ran { lines, library },
+        // Something besides the `ranks=` line.
+        Ok(status) if status.success() && (!lines.is_empty() || raw.len() > 1) => PeerRun::Ran { lines, library, raw },
         Ok(status) => {
             let tail: Vec<&str> = stderr.iter().rev().take(5).map(String::as_str).collect();
             PeerRun::Failed(format!("{status}: {}", tail.into_iter().rev().collect::<Vec<_>>().join(" / ")))
@@ -2448,6 +2493,393 @@ pub fn allreduce(hosts: usize, mtu: u32, rounds: usize, peers: (bool, bool), opt
     Ok(())
 }
 
+// ---- train ----------------------------------------------------------------
+
+/// What `bench train` trains, and how long.
+struct TrainSpec {
+    hosts: usize,
+    mtu: u32,
+    steps: usize,
+    params: usize,
+    batch: usize,
+    seed: u64,
+    target_loss: f64,
+}
+
+impl TrainSpec {
+    /// The arguments of train.cpp and of train_mpi.cpp, which take the same.
+    fn args(&self) -> Vec<String> {
+        let (steps, params, batch, seed) = (self.steps.to_string(), self.params.to_string(), self.batch.to_string(), self.seed.to_string());
+        ["--steps", &steps, "--params", &params, "--batch", &batch, "--seed", &seed].map(String::from).to_vec()
+    }
+}
+
+/// The training example, in the source tree this binary was built from.
+const TRAIN_SOURCE: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../examples/cpp/train.cpp");
+
+/// examples/cpp/train.cpp compiled against the libaggbox.so beside this
+/// binary, in a directory of its own that goes when this does.
+struct TrainProgram {
+    dir: PathBuf,
+    path: PathBuf,
+}
+
+impl TrainProgram {
+    fn build() -> Result<TrainProgram, String> {
+        let exe = std::env::current_exe().map_err(|e| e.to_string())?;
+        let lib_dir = exe.parent().ok_or("no directory of this binary")?.to_path_buf();
+        if !lib_dir.join("libaggbox.so").exists() {
+            return Err(format!(
+                "{} has no libaggbox.so: build it first (cargo build --release -p aggbox-ffi, or the whole workspace)",
+                lib_dir.display()
+            ));
+        }
+        let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+        let dir = std::env::temp_dir().join(format!("aggbox-bench-train-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).map_err(|e| format!("creating {}: {e}", dir.display()))?;
+        let program = TrainProgram { path: dir.join("train"), dir };
+        let cxx = std::env::var("CXX").unwrap_or_else(|_| "c++".into());
+        let out = std::process::Command::new(&cxx)
+            .args(["-std=c++17", "-O2", "-Wall", "-Wextra"])
+            .arg(format!("-I{}", root.join("include").display()))
+            .arg(format!("-I{}", root.join("bindings/cpp").display()))
+            .arg(TRAIN_SOURCE)
+            .arg(format!("-L{}", lib_dir.display()))
+            .arg(format!("-Wl,-rpath,{}", lib_dir.display()))
+            .args(["-laggbox", "-o"])
+            .arg(&program.path)
+            .output()
+            .map_err(|e| format!("running {cxx}: {e}"))?;
+        if !out.status.success() {
+            return Err(format!("compiling {TRAIN_SOURCE} failed: {}", String::from_utf8_lossy(&out.stderr).trim()));
+        }
+        progress(&format!("built examples/cpp/train.cpp against {}", lib_dir.join("libaggbox.so").display()));
+        Ok(program)
+    }
+}
+
+impl Drop for TrainProgram {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+/// Runs `program args` as every rank of `cluster` on `datapath`; returns
+/// every line the ranks printed. Rank 0's steps are passed on as progress.
+fn train_ranks(cluster: &Cluster, program: &Path, datapath: &str, args: &[String], port: u16, steps: usize) -> Result<Vec<String>, String> {
+    let n = cluster.hosts().len();
+    let label = format!("train, AggBox {datapath} datapath");
+    progress(&format!("{label}: {n} ranks: train {}", args.join(" ")));
+    let mut children: Vec<Child> = Vec::new();
+    for i in 0..n {
+        let spawned = cluster
+            .command(i, program)
+            .args(args)
+            .env("RANK", i.to_string())
+            .env("WORLD_SIZE", n.to_string())
+            .env("MASTER_ADDR", cluster.host(0).ipv4.to_string())
+            .env("MASTER_PORT", port.to_string())
+            .env("AGGBOX_DATAPATH", datapath)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn();
+        match spawned {
+            Ok(child) => children.push(child),
+            Err(e) => {
+                for mut child in children {
+                    let _ = child.kill();
+                    let _ = child.wait();
+                }
+                return Err(format!("{label}: starting rank {i}: {e}"));
+            }
+        }
+    }
+    let every = (steps / 5).max(1);
+    let readers: Vec<_> = children
+        .iter_mut()
+        .enumerate()
+        .map(|(rank, child)| {
+            let (stdout, stderr) = (child.stdout.take(), child.stderr.take());
+            let label = label.clone();
+            let out = thread::spawn(move || {
+                let mut lines = Vec::new();
+                for line in stdout.into_iter().flat_map(|o| BufReader::new(o).lines().map_while(Result::ok)) {
+                    let step = field(&line, "step");
+                    if rank == 0 && line.starts_with("step=") && (step as usize + 1).is_multiple_of(every) {
+                        progress(&format!("{label}: step {}/{steps}, rank 0's loss {}", step as usize + 1, field(&line, "loss")));
+                    }
+                    lines.push(line);
+                }
+                lines
+            });
+            let err = thread::spawn(move || {
+                let mut text = String::new();
+                for line in stderr.into_iter().flat_map(|e| BufReader::new(e).lines().map_while(Result::ok)) {
+                    text += &line;
+                    text.push('\n');
+                }
+                text
+            });
+            (out, err)
+        })
+        .collect();
+    let (mut lines, mut failed) = (Vec::new(), Vec::new());
+    for (rank, (mut child, (out, err))) in children.into_iter().zip(readers).enumerate() {
+        let status = child.wait().map_err(|e| e.to_string())?;
+        lines.extend(out.join().unwrap_or_default());
+        let err = err.join().unwrap_or_default();
+        if !status.success() {
+            failed.push(format!("rank {rank} ({status}): {}", err.trim()));
+        }
+    }
+    if !failed.is_empty() {
+        return Err(format!("{label} failed: {}", failed.join("; ")));
+    }
+    Ok(lines)
+}
+
+/// One step of one rank.
+struct TrainStep {
+    loss: f64,
+    time_us: f64,
+    end_ns: f64,
+}
+
+/// What every rank of one system printed.
+struct TrainRun {
+    /// Per rank, its steps in order.
+    steps: Vec<Vec<TrainStep>>,
+    /// Per rank: when it started (after the first barrier), ns.
+    start_ns: Vec<f64>,
+    /// Per rank: the hash of its final weights.
+    hashes: Vec<String>,
+    /// The model's parameters, as the ranks said.
+    params: usize,
+}
+
+/// The value of `key` on `line`, as a word.
+fn word<'a>(line: &'a str, key: &str) -> Option<&'a str> {
+    line.split_whitespace().find_map(|kv| kv.strip_prefix(key)?.strip_prefix('='))
+}
+
+/// The run of `ranks` ranks of `steps` steps in train.cpp's lines (Open
+/// MPI's behind `mpi `), every rank's lines in any order.
+fn parse_train(lines: &[String], ranks: usize, steps: usize, what: &str) -> Result<TrainRun, String> {
+    let mut run = TrainRun {
+        steps: (0..ranks).map(|_| Vec::with_capacity(steps)).collect(),
+        start_ns: vec![f64::NAN; ranks],
+        hashes: vec![String::new(); ranks],
+        params: 0,
+    };
+    let rank_of = |line: &str| -> Result<usize, String> {
+        word(line, "rank").and_then(|r| r.parse().ok()).filter(|r| *r < ranks).ok_or_else(|| format!("{what}: no rank below {ranks} in {line:?}"))
+    };
+    for line in lines {
+        let line = line.strip_prefix("mpi ").unwrap_or(line);
+        if line.starts_with("train ") {
+            run.params = field(line, "params") as usize;
+        } else if line.starts_with("step=") {
+            let rank = rank_of(line)?;
+            if field(line, "step") != run.steps[rank].len() as f64 {
+                return Err(format!("{what}: rank {rank}'s steps are out of order at {line:?}"));
+            }
+            run.steps[rank].push(TrainStep { loss: field(line, "loss"), time_us: field(line, "time_us"), end_ns: field(line, "end_ns") });
+        } else if line.starts_with("done ") {
+            let rank = rank_of(line)?;
+            run.start_ns[rank] = field(line, "start_ns");
+            run.hashes[rank] = word(line, "weights_fnv1a").unwrap_or("").to_string();
+        }
+    }
+    for rank in 0..ranks {
+        if run.steps[rank].len() != steps || run.hashes[rank].is_empty() {
+            return Err(format!("{what}: rank {rank} reported {} of {steps} steps{}", run.steps[rank].len(), if run.hashes[rank].is_empty() { " and no done line" } else { "" }));
+        }
+    }
+    Ok(run)
+}
+
+/// What one system's run measured.
+struct TrainStats {
+    /// The slowest rank's time of a step, (p50, p99) over the steps, µs.
+    step: (f64, f64),
+    /// The earliest start to the latest end of the last step, per step, µs.
+    wall_step_us: f64,
+    /// The first step whose loss is at or below the target, and the time
+    /// from the earliest rank's start to the latest rank's end of it, s.
+    to_loss: Option<(usize, f64)>,
+    /// Per step: the time since the earliest start when the latest rank
+    /// ended it (s), and its loss (the mean of the ranks' batch losses).
+    curve: Vec<(f64, f64)>,
+    /// Whether every rank ended with the same weights (hash).
+    same_weights: bool,
+}
+
+fn train_stats(run: &TrainRun, target: f64) -> TrainStats {
+    let ranks = run.steps.len();
+    let steps = run.steps[0].len();
+    let start = run.start_ns.iter().copied().fold(f64::INFINITY, f64::min);
+    let slowest = (0..steps).map(|t| run.steps.iter().map(|s| s[t].time_us).fold(0.0, f64::max)).collect();
+    let curve: Vec<(f64, f64)> = (0..steps)
+        .map(|t| {
+            let end = run.steps.iter().map(|s| s[t].end_ns).fold(0.0, f64::max);
+            ((end - start) / 1e9, run.steps.iter().map(|s| s[t].loss).sum::<f64>() / ranks as f64)
+        })
+        .collect();
+    TrainStats {
+        step: p50_p99(slowest),
+        wall_step_us: curve.last().map_or(f64::NAN, |c| c.0 * 1e6 / steps as f64),
+        to_loss: curve.iter().position(|c| c.1 <= target).map(|t| (t, curve[t].0)),
+        same_weights: run.hashes.iter().all(|h| *h == run.hashes[0]),
+        curve,
+    }
+}
+
+/// `aggbox bench train`.
+fn train(spec: &TrainSpec, with_mpi: bool, opts: &RunOpts) -> Result<(), String> {
+    let (hosts, mtu) = (spec.hosts, spec.mtu);
+    let mut run = RunFile::new("train", hosts, mtu);
+    let (started, cpu_before) = (std::time::Instant::now(), cpu_seconds());
+    let program = TrainProgram::build()?;
+    let args = spec.args();
+    let (kernel, user) = {
+        let cluster = opts.cluster(hosts, mtu, false)?;
+        run.networks.push(network_of(&cluster));
+        let kernel = train_ranks(&cluster, &program.path, "kernel", &args, 29_530, spec.steps)?;
+        let kernel = parse_train(&kernel, hosts, spec.steps, "AggBox kernel")?;
+        let user = train_ranks(&cluster, &program.path, "user", &args, 29_531, spec.steps)?;
+        let user = parse_train(&user, hosts, spec.steps, "AggBox user")?;
+        (kernel, user)
+    };
+    progress("AggBox's cluster removed");
+    let mut jobs: PeerJobs = Vec::new();
+    if with_mpi {
+        jobs.push((Peer::OpenMpi, "train", args.clone()));
+    } else {
+        run.notes.push("Open MPI: not measured (--no-mpi)".into());
+    }
+    run.notes.push("Gloo: not measured (bench/gloo has no training program)".into());
+    let outcomes = peers_on_plain(opts, &mut run, jobs)?;
+    let mpi = match outcomes.iter().find(|(p, _)| *p == Peer::OpenMpi) {
+        Some((_, PeerRun::Ran { raw, .. })) => Some(parse_train(raw, hosts, spec.steps, "Open MPI")?),
+        _ => None,
+    };
+    // What train.cpp made of --params (a multiple of its classes).
+    let params = kernel.params;
+
+    let mut systems: Vec<(&str, Option<&str>, &str, TrainStats, &TrainRun)> =
+        vec![("AggBox", Some("kernel"), "aggbox", train_stats(&kernel, spec.target_loss), &kernel), ("AggBox", Some("user"), "aggbox", train_stats(&user, spec.target_loss), &user)];
+    if let Some(mpi) = &mpi {
+        systems.push(("Open MPI", None, "plain", train_stats(mpi, spec.target_loss), mpi));
+    }
+    let bytes = params as u64 * 4;
+    for (system, datapath, network, stats, _) in &systems {
+        let row = |measure: &str, unit: &str, p: (f64, f64), rounds: usize| Row {
+            system: system.to_string(),
+            datapath: datapath.map(String::from),
+            network: network.to_string(),
+            mtu,
+            bytes,
+            count: Some(params as u64),
+            measure: measure.into(),
+            unit: unit.into(),
+            p50: p.0,
+            p99: p.1,
+            rounds,
+        };
+        run.rows.push(row("slowest", "us", stats.step, spec.steps));
+        run.rows.push(row("mean-step", "us", (stats.wall_step_us, stats.wall_step_us), spec.steps));
+        if let Some((t, secs)) = stats.to_loss {
+            run.rows.push(row("to-loss", "s", (secs, secs), t + 1));
+        }
+        run.curves.push(Curve {
+            system: system.to_string(),
+            datapath: datapath.map(String::from),
+            network: network.to_string(),
+            mtu,
+            points: stats.curve.clone(),
+        });
+    }
+    run.notes.insert(
+        0,
+        format!(
+            "training: examples/cpp/train.cpp (Open MPI: bench/mpi/train_mpi.cpp), softmax regression of 10 classes, {params} parameters, \
+             batch {} per rank, {} steps, seed {}, lr 2; one f32 allreduce of {:.1} MB per step (AggBox: AVG, quantized; Open MPI: SUM, then a divide); \
+             target loss {} (the mean of the ranks' batch losses), its time from the earliest rank's start (after a first barrier) to the latest rank's end of the first step at or below it",
+            spec.batch,
+            spec.steps,
+            spec.seed,
+            params as f64 * 4e-6,
+            spec.target_loss
+        ),
+    );
+
+    println!(
+        "training on {hosts} hosts, MTU {mtu}: softmax regression, {params} parameters ({:.1} MB of f32 gradients allreduced per step), {} samples per rank per step, {} steps",
+        params as f64 * 4e-6,
+        spec.batch,
+        spec.steps
+    );
+    for network in &run.networks {
+        let who = if network.kind == "plain" { "Open MPI" } else { "AggBox (kernel, user)" };
+        println!("  {who}: {}", network.description);
+    }
+    let mpi_stats = systems.iter().find(|s| s.0 == "Open MPI").map(|s| &s.3);
+    let ratio = |a: f64, b: Option<f64>| b.map_or("-".to_string(), |b| format!("{:.2}", a / b));
+    let to_loss = |s: &TrainStats| s.to_loss.map_or("not reached".to_string(), |(t, secs)| format!("{secs:.2} s, {} steps", t + 1));
+    println!(
+        "{:>14} | {:>19} | {:>13} | {:>22} | {:>10} | {:>10} | {:>13}",
+        "system",
+        "step p50 (p99), ms",
+        "mean step, ms",
+        format!("to loss {}", spec.target_loss),
+        "final loss",
+        "step / MPI",
+        "to loss / MPI"
+    );
+    for (system, datapath, _, stats, _) in &systems {
+        println!(
+            "{:>14} | {:>19} | {:>13.1} | {:>22} | {:>10.4} | {:>10} | {:>13}",
+            datapath.map_or(system.to_string(), |d| format!("{system} {d}")),
+            format!("{:.1} ({:.1})", stats.step.0 / 1e3, stats.step.1 / 1e3),
+            stats.wall_step_us / 1e3,
+            to_loss(stats),
+            stats.curve.last().map_or(f64::NAN, |c| c.1),
+            ratio(stats.step.0, mpi_stats.map(|m| m.step.0)),
+            match (stats.to_loss, mpi_stats.and_then(|m| m.to_loss)) {
+                (Some(a), Some(b)) => format!("{:.2}", a.1 / b.1),
+                _ => "-".into(),
+            },
+        );
+    }
+    println!(
+        "step: each rank times its own step (its shard's gradient, the allreduce, the update; no barrier between steps); the slowest rank's time, p50 (p99) over the steps; \
+         mean step: the earliest start to the latest end of the last step, over the steps"
+    );
+    let same: Vec<String> = systems.iter().map(|(s, d, _, st, _)| format!("{} {}", d.map_or(s.to_string(), |d| format!("{s} {d}")), if st.same_weights { "yes" } else { "NO" })).collect();
+    let note = format!(
+        "final weights the same on every rank (hash): {}; AggBox kernel and user the same bits: {}",
+        same.join(", "),
+        if kernel.hashes[0] == user.hashes[0] { "yes" } else { "no" }
+    );
+    run.notes.push(note);
+    for note in &run.notes {
+        println!("{note}");
+    }
+    let k = &systems[0].3;
+    if let Some(m) = mpi_stats {
+        println!(
+            "target (issue 12, at the link-maximum MTU): AggBox kernel's time per step at most 0.6 x Open MPI's: {:.2} at MTU {mtu}, {}",
+            k.step.0 / m.step.0,
+            if k.step.0 <= 0.6 * m.step.0 { "met" } else { "missed" }
+        );
+    }
+    let load = cpu_note(cpu_before, started);
+    println!("{load}");
+    run.notes.push(load);
+    drop(program);
+    opts.write(&mut run)
+}
+
 // ---- bench fold ---------------------------------------------------------
 
 const FOLD_GROUP: u32 = 0x0f01_d000;
@@ -3159,4 +3591,48 @@ pub fn kv(hosts: usize, pairs: usize, distinct: usize, rounds: usize, capacity: 
     }
     println!("not measured here: Spark (3.4 s for these 10 M pairs in local mode, from the issue)");
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Two ranks, three steps, in train.cpp's format (and Open MPI's, behind
+    /// `mpi `), out of rank order.
+    fn lines(mpi: bool) -> Vec<String> {
+        let tag = if mpi { "mpi " } else { "" };
+        let mut lines = vec![format!("{tag}train rank=1 ranks=2 datapath=user params=100")];
+        for (rank, times, losses, start) in [(1, [10.0, 30.0, 20.0], [2.3, 2.1, 1.9], 1000.0), (0, [20.0, 10.0, 10.0], [2.3, 1.9, 1.7], 900.0)] {
+            let mut end = start;
+            for t in 0..3 {
+                end += times[t] * 1e3;
+                lines.push(format!("{tag}step={t} rank={rank} loss={} time_us={} end_ns={end} gmax=0.1", losses[t], times[t]));
+            }
+            lines.push(format!("{tag}done rank={rank} steps=3 start_ns={start} total_s=0.1 weights_fnv1a=0x00000000000000ab"));
+        }
+        lines
+    }
+
+    #[test]
+    fn train_runs_give_the_slowest_step_and_the_time_to_the_loss() {
+        for mpi in [false, true] {
+            let run = parse_train(&lines(mpi), 2, 3, "test").unwrap();
+            let stats = train_stats(&run, 2.0);
+            // Slowest per step: 20, 30, 20 µs.
+            assert_eq!(stats.step.0, 20.0);
+            assert_eq!(stats.step.1, 30.0);
+            // Mean loss per step: 2.3, 2.0, 1.8: step 1 reaches 2.0 first;
+            // its latest end is rank 1's, 1000 + 40000 ns, from the earliest
+            // start, 900 ns.
+            assert_eq!(stats.to_loss.map(|(t, _)| t), Some(1));
+            assert!((stats.to_loss.unwrap().1 - 40_100e-9).abs() < 1e-15);
+            assert!((stats.curve[2].1 - 1.8).abs() < 1e-12);
+            assert!(stats.same_weights);
+            assert!(train_stats(&run, 1.0).to_loss.is_none());
+        }
+        let mut short = lines(false);
+        short.retain(|l| !l.starts_with("step=2 rank=0"));
+        let error = parse_train(&short, 2, 3, "test").err().unwrap();
+        assert!(error.contains("rank 0 reported 2 of 3 steps"), "{error}");
+    }
 }

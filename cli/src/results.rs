@@ -66,16 +66,18 @@ pub struct Row {
     /// The MTU of every link.
     pub mtu: u32,
     /// Bytes per operation (broadcast: the message; allreduce: the vector;
-    /// barrier and TCP: 0).
+    /// train: the f32 gradient allreduced each step; barrier and TCP: 0).
     pub bytes: u64,
-    /// f32 elements per operation (allreduce only).
+    /// f32 elements per operation (allreduce; train: the parameters).
     pub count: Option<u64>,
     /// What one sample is: `slowest` (a barrier, then each rank times its
     /// own call; the slowest rank's time), `span` (earliest start to latest
     /// return on one clock), `back-to-back` (one rank's operations without
-    /// barriers between), `throughput` (one iperf3 run).
+    /// barriers between), `throughput` (one iperf3 run); train: `slowest`
+    /// (the slowest rank's time of a training step), `mean-step` (the whole
+    /// run's time per step), `to-loss` (the time to the target loss).
     pub measure: String,
-    /// The unit of `p50` and `p99`: `us` or `Gbit/s`.
+    /// The unit of `p50` and `p99`: `us`, `s` or `Gbit/s`.
     pub unit: String,
     /// Median of the samples.
     pub p50: f64,
@@ -83,6 +85,21 @@ pub struct Row {
     pub p99: f64,
     /// How many samples.
     pub rounds: usize,
+}
+
+/// A curve one system drew (train: its loss against time).
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+pub struct Curve {
+    /// As [`Row::system`].
+    pub system: String,
+    /// As [`Row::datapath`].
+    pub datapath: Option<String>,
+    /// As [`Row::network`].
+    pub network: String,
+    /// As [`Row::mtu`].
+    pub mtu: u32,
+    /// (x, y) points, x ascending; train: (seconds since the start, loss).
+    pub points: Vec<(f64, f64)>,
 }
 
 /// One bench run.
@@ -107,6 +124,10 @@ pub struct RunFile {
     pub notes: Vec<String>,
     /// Every measured row.
     pub rows: Vec<Row>,
+    /// Measured curves (train's loss against time); none in the other
+    /// benches' files.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub curves: Vec<Curve>,
 }
 
 impl RunFile {
@@ -122,6 +143,7 @@ impl RunFile {
             networks: Vec::new(),
             notes: Vec::new(),
             rows: Vec::new(),
+            curves: Vec::new(),
         }
     }
 
@@ -270,6 +292,9 @@ fn series_of(bench: &str, runs: &[&RunFile]) -> Vec<Series> {
 /// has lines but no text, and a warning says so.
 fn plot(path: &Path, title: &str, bench: &str, runs: &[&RunFile]) -> Result<(), String> {
     use plotters::prelude::*;
+    if bench == "train" {
+        return plot_curves(path, title, runs);
+    }
     let series = series_of(bench, runs);
     let points: Vec<(f64, f64)> = series.iter().flat_map(|(_, p)| p.iter().copied()).collect();
     if points.is_empty() {
@@ -345,6 +370,71 @@ fn plot(path: &Path, title: &str, bench: &str, runs: &[&RunFile]) -> Result<(), 
     root.present().map_err(|e| fail(&e))
 }
 
+/// Draws the loss curves of train `runs` into the PNG `path`: loss against
+/// seconds since the start, both linear, one line per system, datapath and
+/// MTU.
+fn plot_curves(path: &Path, title: &str, runs: &[&RunFile]) -> Result<(), String> {
+    use plotters::prelude::*;
+    let series: Vec<Series> = runs
+        .iter()
+        .flat_map(|run| run.curves.iter())
+        .filter(|c| !c.points.is_empty())
+        .map(|c| {
+            let system = c.datapath.as_ref().map_or(c.system.clone(), |d| format!("{} {d}", c.system));
+            (format!("{system}, MTU {} ({} network)", c.mtu, c.network), c.points.clone())
+        })
+        .collect();
+    let points: Vec<(f64, f64)> = series.iter().flat_map(|(_, p)| p.iter().copied()).collect();
+    if points.is_empty() {
+        return Ok(());
+    }
+    let text = font_available();
+    if !text {
+        eprintln!("aggbox: no font found ({}): {} has no labels (apt-get install fonts-dejavu-core)", FONT_FILES[0], path.display());
+    }
+    let fail = |e: &dyn std::fmt::Display| format!("plotting {}: {e}", path.display());
+    let x_hi = points.iter().map(|p| p.0).fold(0.0, f64::max) * 1.02;
+    let (y_lo, y_hi) = points.iter().fold((f64::INFINITY, f64::NEG_INFINITY), |(lo, hi), p| (lo.min(p.1), hi.max(p.1)));
+    let pad = ((y_hi - y_lo) * 0.05).max(1e-3);
+    let root = BitMapBackend::new(path, PLOT_SIZE).into_drawing_area();
+    root.fill(&WHITE).map_err(|e| fail(&e))?;
+    let mut builder = ChartBuilder::on(&root);
+    builder.margin(20).x_label_area_size(50).y_label_area_size(80);
+    if text {
+        builder.caption(title, (FONT_FAMILY, 24));
+    }
+    let mut chart = builder.build_cartesian_2d(0.0..x_hi.max(1e-3), (y_lo - pad)..(y_hi + pad)).map_err(|e| fail(&e))?;
+    let mut mesh = chart.configure_mesh();
+    if text {
+        mesh.x_desc("seconds since the start (the latest rank's end of each step)")
+            .y_desc("loss (mean of the ranks' batch losses)")
+            .label_style((FONT_FAMILY, 15));
+    } else {
+        mesh.x_labels(0).y_labels(0);
+    }
+    mesh.draw().map_err(|e| fail(&e))?;
+    for (i, (name, points)) in series.iter().enumerate() {
+        let (r, g, b) = LINE_COLORS[i % LINE_COLORS.len()];
+        let color = RGBColor(r, g, b).to_rgba();
+        let style = ShapeStyle::from(&color).stroke_width(2);
+        let drawn = chart.draw_series(LineSeries::new(points.iter().copied(), style)).map_err(|e| fail(&e))?;
+        if text {
+            drawn.label(name.as_str()).legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], style));
+        }
+    }
+    if text {
+        chart
+            .configure_series_labels()
+            .position(SeriesLabelPosition::UpperRight)
+            .background_style(WHITE.mix(0.85))
+            .border_style(BLACK)
+            .label_font((FONT_FAMILY, 15))
+            .draw()
+            .map_err(|e| fail(&e))?;
+    }
+    root.present().map_err(|e| fail(&e))
+}
+
 // ---- bench report ---------------------------------------------------------
 
 /// Every run file in `dir` (`*.json` that parse as a [`RunFile`]), oldest
@@ -368,7 +458,7 @@ fn read_runs(dir: &Path) -> Result<Vec<RunFile>, String> {
 }
 
 /// The order of the benches in the report.
-const BENCH_ORDER: [&str; 4] = ["broadcast", "allreduce", "barrier", "tcp"];
+const BENCH_ORDER: [&str; 5] = ["broadcast", "allreduce", "barrier", "train", "tcp"];
 
 /// The latest run of each (bench, hosts, MTU), in report order.
 fn latest(runs: &[RunFile]) -> Vec<&RunFile> {
@@ -381,7 +471,11 @@ fn latest(runs: &[RunFile]) -> Vec<&RunFile> {
     by_key.into_values().collect()
 }
 
-/// "p50 (p99)" of a row, in its unit.
+/// The measures of a train run's table, in order, and their line labels.
+const TRAIN_MEASURES: [(&str, &str); 3] =
+    [("slowest", "time per step (slowest rank)"), ("mean-step", "time per step (whole run)"), ("to-loss", "time to the target loss")];
+
+/// "p50 (p99)" of a row, in its unit (one value for train's whole-run measures).
 fn cell(row: &Row) -> String {
     let fmt = |v: f64| {
         if row.unit == "us" {
@@ -394,6 +488,12 @@ fn cell(row: &Row) -> String {
             format!("{v:.2}")
         }
     };
+    if row.unit == "s" {
+        return format!("{:.2} s", row.p50);
+    }
+    if row.measure == "mean-step" {
+        return fmt(row.p50);
+    }
     format!("{} ({})", fmt(row.p50), fmt(row.p99))
 }
 
@@ -402,7 +502,11 @@ fn cell(row: &Row) -> String {
 /// (TCP: to the run without programs).
 fn render_run(run: &RunFile) -> String {
     let measure = compared_measure(&run.bench);
-    let rows: Vec<&Row> = run.rows.iter().filter(|r| r.measure == measure).collect();
+    let train = run.bench == "train";
+    // Train: a line per measure; the others: a line per size.
+    let key_of = |r: &Row| if train { TRAIN_MEASURES.iter().position(|(m, _)| *m == r.measure).unwrap_or(usize::MAX) as u64 } else { r.bytes };
+    let rows: Vec<&Row> =
+        run.rows.iter().filter(|r| if train { key_of(r) != usize::MAX as u64 } else { r.measure == measure }).collect();
     let mut out = format!(
         "### {} on {} hosts, MTU {} (run {}, source {}, {} CPUs)\n\n",
         run.bench,
@@ -443,12 +547,15 @@ fn render_run(run: &RunFile) -> String {
     }
     let (what, unit) = match run.bench.as_str() {
         "tcp" => ("throughput of one iperf3 run between hosts 0 and 1, p50 (p99) of the runs", "Gbit/s"),
+        "train" => ("each rank times its own training steps (no barrier between them); the slowest rank's time of a step, p50 (p99) over the steps; \
+                     the whole run's time per step; the time to the target loss (see above)", ""),
         _ => ("a barrier, then each rank times its own call; the slowest rank's time, p50 (p99)", ""),
     };
     out += &format!("\n{what}{}:\n\n", if unit.is_empty() { String::new() } else { format!(", {unit}") });
     let first = match run.bench.as_str() {
         "allreduce" => "f32 elements",
         "broadcast" => "size",
+        "train" => "measure",
         _ => "operation",
     };
     let mut header = vec![first.to_string()];
@@ -456,15 +563,17 @@ fn render_run(run: &RunFile) -> String {
     header.extend(ratios.iter().map(|(c, baseline)| format!("{c} / {baseline}")));
     out += &format!("| {} |\n", header.join(" | "));
     out += &format!("|{}\n", " --- |".repeat(header.len()));
-    let mut keys: Vec<u64> = rows.iter().map(|r| r.bytes).collect();
+    let mut keys: Vec<u64> = rows.iter().map(|r| key_of(r)).collect();
     keys.sort_unstable();
     keys.dedup();
-    for bytes in keys {
-        let at = |column: &str| rows.iter().find(|r| r.bytes == bytes && label(r) == column).copied();
-        let any = rows.iter().find(|r| r.bytes == bytes).copied();
+    for key in keys {
+        let at = |column: &str| rows.iter().find(|r| key_of(r) == key && label(r) == column).copied();
+        let any = rows.iter().find(|r| key_of(r) == key).copied();
+        let bytes = key;
         let first = match (run.bench.as_str(), any.and_then(|r| r.count)) {
             ("allreduce", Some(count)) => format!("{} ({})", human_count(count), human_bytes(bytes)),
             ("broadcast", _) => human_bytes(bytes),
+            ("train", _) => TRAIN_MEASURES[key as usize].1.to_string(),
             (bench, _) => bench.to_string(),
         };
         let mut line = vec![first];
@@ -508,7 +617,7 @@ fn render(runs: &[&RunFile], source: &Path, plots: &[PathBuf]) -> String {
         let names: Vec<String> = plots.iter().map(|p| format!("`{}`", p.display())).collect();
         out += &format!(
             "Plots (p50 of the slowest rank's time, log scale, against the size on a log scale; barrier: against the hosts; \
-             one line per system and MTU): {}.\n\n",
+             train: the loss against the time; one line per system and MTU): {}.\n\n",
             names.join(", ")
         );
     }
@@ -671,6 +780,44 @@ mod tests {
         assert!(appended.ends_with(&format!("{BEGIN_MARKER}\nnew\n{END_MARKER}\n")), "{appended}");
         assert!(splice(&format!("{END_MARKER}\n{BEGIN_MARKER}\n"), "x").is_err());
         assert!(splice(&format!("{BEGIN_MARKER}\n"), "x").is_err());
+    }
+
+    #[test]
+    fn a_train_run_renders_a_line_per_measure_and_plots_its_curves() {
+        let mut run = run();
+        run.bench = "train".into();
+        let measured = |system: &str, datapath: Option<&str>, network: &str, measure: &str, unit: &str, p50: f64| Row {
+            measure: measure.into(),
+            unit: unit.into(),
+            p99: p50,
+            ..row(system, datapath, network, 4_000_000, p50)
+        };
+        run.rows = vec![
+            measured("AggBox", Some("kernel"), "aggbox", "slowest", "us", 30_000.0),
+            measured("AggBox", Some("kernel"), "aggbox", "to-loss", "s", 3.0),
+            measured("Open MPI", None, "plain", "slowest", "us", 20_000.0),
+            measured("Open MPI", None, "plain", "mean-step", "us", 21_000.0),
+            measured("Open MPI", None, "plain", "to-loss", "s", 1.5),
+        ];
+        let curve = |system: &str, datapath: Option<&str>| Curve {
+            system: system.into(),
+            datapath: datapath.map(Into::into),
+            network: "plain".into(),
+            mtu: 1500,
+            points: vec![(0.1, 2.3), (0.2, 2.1), (0.3, 2.0)],
+        };
+        run.curves = vec![curve("AggBox", Some("kernel")), curve("Open MPI", None)];
+        let text = render_run(&run);
+        assert!(text.contains("| measure | AggBox kernel | Open MPI | AggBox kernel / Open MPI |"), "{text}");
+        assert!(text.contains("| time per step (slowest rank) | 30.0 ms (30.0 ms) | 20.0 ms (20.0 ms) | 1.50 |"), "{text}");
+        assert!(text.contains("| time per step (whole run) | - | 21.0 ms | - |"), "{text}");
+        assert!(text.contains("| time to the target loss | 3.00 s | 1.50 s | 2.00 |"), "{text}");
+        let dir = std::env::temp_dir().join(format!("aggbox-results-train-test-{}", std::process::id()));
+        let written = run.write(&dir).unwrap();
+        assert_eq!(&fs::read(&written[1]).unwrap()[..8], b"\x89PNG\r\n\x1a\n");
+        let back: RunFile = serde_json::from_str(&fs::read_to_string(&written[0]).unwrap()).unwrap();
+        assert_eq!(back, run);
+        fs::remove_dir_all(&dir).unwrap();
     }
 
     #[test]
