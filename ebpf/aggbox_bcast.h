@@ -98,6 +98,7 @@ struct aggbox_clones {
 	__u32 size;
 	__u32 mark; /* the skb's own, put back after each clone */
 	__u32 cur_ip;
+	__u32 chunks; /* chunks per copy: a super-chunk's segments, else 1 */
 	__u16 cur_port;
 	__u16 failed;
 };
@@ -118,9 +119,9 @@ static long aggbox_tc_clone_one(__u64 i, void *data)
 	}
 	c->skb->mark = AGGBOX_CLONE_MARK;
 	if (bpf_clone_redirect(c->skb, c->skb->ifindex, 0) == 0)
-		aggbox_bcount(AGGBOX_BSTAT_CLONED);
+		aggbox_bcount_n(AGGBOX_BSTAT_CLONED, c->chunks);
 	else
-		aggbox_bcount(AGGBOX_BSTAT_CLONES_REFUSED);
+		aggbox_bcount_n(AGGBOX_BSTAT_CLONES_REFUSED, c->chunks);
 	c->skb->mark = c->mark;
 	return 0;
 }
@@ -146,6 +147,7 @@ static __always_inline int aggbox_tc_fanout(struct __sk_buff *skb, struct aggbox
 	clones.cur_ip = pkt->ip->daddr;
 	clones.cur_port = pkt->udp->dest;
 	clones.failed = 0;
+	clones.chunks = skb->gso_segs > 1 ? skb->gso_segs : 1;
 	group = bpf_map_lookup_elem(&ab_groups, &clones.key.group);
 	if (!group)
 		return TC_ACT_OK;
@@ -164,7 +166,7 @@ static __always_inline int aggbox_tc_fanout(struct __sk_buff *skb, struct aggbox
 		if (!member || aggbox_retarget(skb, member, &clones.cur_ip, &clones.cur_port))
 			return TC_ACT_SHOT;
 	}
-	aggbox_bcount(AGGBOX_BSTAT_CLONED); /* the original: size - 1 copies in all */
+	aggbox_bcount_n(AGGBOX_BSTAT_CLONED, clones.chunks); /* the original: size - 1 copies in all */
 	return TC_ACT_OK;
 }
 
@@ -193,8 +195,8 @@ static __always_inline void aggbox_swap_ends(struct ethhdr *eth, struct iphdr *i
 /* aggbox_swap_ends on an skb. */
 static __always_inline int aggbox_tc_swap(struct __sk_buff *skb)
 {
-	void *data = (void *)(long)skb->data;
-	void *data_end = (void *)(long)skb->data_end;
+	void *data = aggbox_skb_data(skb);
+	void *data_end = aggbox_skb_data_end(skb);
 	struct ethhdr *eth = data;
 	struct iphdr *ip = (void *)(eth + 1);
 	struct udphdr *udp = (void *)(ip + 1);
@@ -207,11 +209,37 @@ static __always_inline int aggbox_tc_swap(struct __sk_buff *skb)
 
 static __always_inline struct aggbox_hdr *aggbox_tc_hdr(struct __sk_buff *skb)
 {
-	void *data = (void *)(long)skb->data;
-	void *data_end = (void *)(long)skb->data_end;
+	void *data = aggbox_skb_data(skb);
+	void *data_end = aggbox_skb_data_end(skb);
 	struct aggbox_hdr *hdr = data + AGGBOX_OFF_UDP + sizeof(struct udphdr);
 
 	return (void *)(hdr + 1) > data_end ? NULL : hdr;
+}
+
+/* Cuts the frame to its AggBox header (IPv4 and UDP lengths fixed, UDP
+ * checksum none) and makes it private (a copy was just sent from it), so it
+ * can be written directly. Returns the header, or NULL. */
+static __always_inline struct aggbox_hdr *aggbox_tc_strip(struct __sk_buff *skb)
+{
+	void *data, *data_end;
+	struct iphdr *ip;
+	struct udphdr *udp;
+	__u16 old_len, new_len = bpf_htons(sizeof(*ip) + sizeof(*udp) + AGGBOX_HDR_LEN);
+
+	if (bpf_skb_change_tail(skb, AGGBOX_OFF_PAYLOAD, 0) || bpf_skb_pull_data(skb, AGGBOX_OFF_PAYLOAD))
+		return NULL;
+	data = aggbox_skb_data(skb);
+	data_end = aggbox_skb_data_end(skb);
+	ip = data + AGGBOX_OFF_IP;
+	udp = data + AGGBOX_OFF_UDP;
+	if (data + AGGBOX_OFF_PAYLOAD > data_end)
+		return NULL;
+	old_len = ip->tot_len;
+	ip->check = aggbox_csum_replace2(ip->check, old_len, new_len);
+	ip->tot_len = new_len;
+	udp->len = bpf_htons(sizeof(*udp) + AGGBOX_HDR_LEN);
+	udp->check = 0;
+	return (void *)(udp + 1);
 }
 
 /*
@@ -313,16 +341,20 @@ static __always_inline int aggbox_xdp_bounce(struct xdp_md *ctx)
 #define AGGBOX_PLACE_REFUSED 2 /* not taken: leave it to user space, which places it exactly once */
 
 /*
- * Copies the frame's `len` payload bytes into `slot` as the chunk tagged
- * `tag` (broadcast chunks in a receive window, reduction results in a
- * result window). The slot is taken only from a chunk older than this one
- * that nobody is copying in: never from a CPU still writing (busy), nor
- * from a newer chunk (this one is a stale copy that raced the window
- * forward). The caller checked len against the chunk's size.
+ * Copies `len` bytes at offset `off` of the packet (`ctx`: an XDP frame, or
+ * with `is_skb` an skb) into `slot` as the chunk tagged `tag` (broadcast
+ * chunks in a receive window, reduction results in a result window). The
+ * slot is taken only from a chunk older than this one that nobody is
+ * copying in: never from a CPU still writing (busy), nor from a newer chunk
+ * (this one is a stale copy that raced the window forward). The caller
+ * checked len against the chunk's size. `is_skb` is a constant at every
+ * call, so each program keeps only its own load helper.
  */
-static __always_inline int aggbox_xdp_place(struct xdp_md *ctx, struct aggbox_rxslot *slot, __u64 tag, __u32 len)
+static __always_inline int aggbox_place(void *ctx, int is_skb, struct aggbox_rxslot *slot, __u64 tag, __u32 off,
+					__u32 len)
 {
 	__u64 busy = tag | ((__u64)AGGBOX_TAG_BUSY), cur = slot->tag;
+	long err;
 
 	if (cur == tag)
 		return AGGBOX_PLACE_HELD;
@@ -332,13 +364,24 @@ static __always_inline int aggbox_xdp_place(struct xdp_md *ctx, struct aggbox_rx
 		return AGGBOX_PLACE_REFUSED;
 	/* The bound again, on the register the copy takes. */
 	barrier_var(len);
-	if (len > AGGBOX_CHUNK_MAX || (len > 0 && bpf_xdp_load_bytes(ctx, AGGBOX_OFF_PAYLOAD, slot->data, len))) {
+	err = 0;
+	if (len > AGGBOX_CHUNK_MAX)
+		err = -1;
+	else if (len > 0)
+		err = is_skb ? bpf_skb_load_bytes(ctx, off, slot->data, len) : bpf_xdp_load_bytes(ctx, off, slot->data, len);
+	if (err) {
 		__sync_val_compare_and_swap(&slot->tag, busy, cur); /* give the slot back as it was */
 		return AGGBOX_PLACE_REFUSED;
 	}
 	if (__sync_val_compare_and_swap(&slot->tag, busy, tag) != busy)
 		return AGGBOX_PLACE_REFUSED;
 	return AGGBOX_PLACED;
+}
+
+/* aggbox_place of an XDP frame's payload. */
+static __always_inline int aggbox_xdp_place(struct xdp_md *ctx, struct aggbox_rxslot *slot, __u64 tag, __u32 len)
+{
+	return aggbox_place(ctx, 0, slot, tag, AGGBOX_OFF_PAYLOAD, len);
 }
 
 /*
@@ -510,55 +553,356 @@ to_user:
 	return XDP_PASS;
 }
 
-/* ---- XDP: root ----------------------------------------------------------------- */
+/* ---- TC ingress: receiver, one datagram or a super-chunk ------------------------ */
 
-static __always_inline int aggbox_xdp_bcast_ack(struct xdp_md *ctx, struct aggbox_pkt *pkt, __u32 ctl_idx)
+/*
+ * A super-chunk is one UDP GSO send of consecutive chunks of a broadcast:
+ * every segment is a whole AggBox datagram (header and chunk), at a fixed
+ * stride of skb->gso_size UDP payload bytes, the last possibly shorter.
+ * Where nothing segments it (veth, a bridge) TC ingress sees one skb of
+ * skb->gso_segs segments and walks it here; where something does, it sees
+ * the datagrams one by one. A plain datagram is a walk of one segment.
+ */
+struct aggbox_walk {
+	struct __sk_buff *skb;
+	struct aggbox_rxctl *rx;
+	__u64 words[AGGBOX_HDR_LEN / 8]; /* the first segment's header */
+	__u32 hdr_off; /* offset of the first segment's AggBox header */
+	__u32 stride; /* UDP payload bytes of a segment */
+	__u32 total; /* UDP payload bytes of all segments */
+	__u32 first; /* the first segment's chunk */
+	__u32 slot_base; /* ab_rxwin index of the phase's first slot */
+	__u32 done; /* segments handled: placed, or held already */
+	__u32 landed; /* rx->landed after the last placement */
+	__u8 notify; /* a placement reached a notification step */
+};
+
+/* The header word that holds `seq` (low half) and `chunk` (high half). */
+#define AGGBOX_HDR_SEQ_WORD (offsetof(struct aggbox_hdr, seq) / 8)
+
+/* Bytes of chunk payload in segment i. */
+static __always_inline __u32 aggbox_seg_len(struct aggbox_walk *w, __u32 i)
+{
+	__u32 start = i * w->stride, end = start + w->stride;
+
+	if (end > w->total)
+		end = w->total;
+	return end - start - AGGBOX_HDR_LEN;
+}
+
+/* Checks segment i's header against the first's: the same in every field
+ * but `chunk`, which counts on (bpf_loop callback). */
+static long aggbox_check_seg(__u64 i, void *data)
+{
+	struct aggbox_walk *w = data;
+	__u64 words[AGGBOX_HDR_LEN / 8];
+	__u32 k;
+
+	if (bpf_skb_load_bytes(w->skb, w->hdr_off + (__u32)i * w->stride, words, sizeof(words))) {
+		w->done = 0;
+		return 1;
+	}
+	for (k = 0; k < AGGBOX_HDR_LEN / 8; k++) {
+		__u64 want = w->words[k];
+
+		if (k == AGGBOX_HDR_SEQ_WORD)
+			want = (want & 0xffffffffull) | ((__u64)(w->first + (__u32)i) << 32);
+		if (words[k] != want) {
+			w->done = 0;
+			return 1;
+		}
+	}
+	w->done = (__u32)i + 1;
+	return 0;
+}
+
+/* Places segment i (bpf_loop callback; stops at the first it cannot). */
+static long aggbox_place_seg(__u64 i, void *data)
+{
+	struct aggbox_walk *w = data;
+	struct aggbox_rxctl *rx = w->rx;
+	struct aggbox_rxslot *slot;
+	__u32 chunk = w->first + (__u32)i, seq, slot_idx, landed;
+
+	if (!rx)
+		return 1;
+	seq = rx->seq;
+	/* Below the window: copied out long ago; only ACK it again. */
+	if (chunk + AGGBOX_RX_WINDOW < rx->credit) {
+		aggbox_bcount(AGGBOX_BSTAT_DUPLICATES);
+		w->done = (__u32)i + 1;
+		return 0;
+	}
+	slot_idx = w->slot_base + (chunk & (AGGBOX_RX_WINDOW - 1));
+	slot = bpf_map_lookup_elem(&ab_rxwin, &slot_idx);
+	if (!slot)
+		return 1;
+	switch (aggbox_place(w->skb, 1, slot, aggbox_tag(seq, chunk), w->hdr_off + (__u32)i * w->stride + AGGBOX_HDR_LEN,
+			     aggbox_seg_len(w, (__u32)i))) {
+	case AGGBOX_PLACE_HELD:
+		aggbox_bcount(AGGBOX_BSTAT_DUPLICATES); /* its ACK was lost: ACK again */
+		w->done = (__u32)i + 1;
+		return 0;
+	case AGGBOX_PLACED:
+		break;
+	default:
+		return 1;
+	}
+	if (rx->seq != seq)
+		return 1; /* the window moved on meanwhile: do not count it */
+	aggbox_bcount(AGGBOX_BSTAT_PLACED);
+	if (aggbox_count_landed(&rx->landed, &rx->target, &rx->notified, rx->notify, &landed)) {
+		w->notify = 1;
+		w->landed = landed;
+	}
+	w->done = (__u32)i + 1;
+	return 0;
+}
+
+/* Cuts the skb to its first segment's header, as the BCAST_ACK of the
+ * chunks [first, first + done) from `rank`; swaps its ends. */
+static __always_inline struct aggbox_hdr *aggbox_tc_make_ack(struct __sk_buff *skb, struct aggbox_walk *w, __u16 rank)
+{
+	struct aggbox_hdr *hdr = aggbox_tc_strip(skb);
+
+	if (!hdr)
+		return NULL;
+	hdr->kind = AGGBOX_KIND_BCAST_ACK;
+	hdr->sender = rank;
+	hdr->chunk = w->first;
+	hdr->flags = w->done > 1 ? AGGBOX_FLAG_RANGE : 0;
+	if (w->done > 1)
+		hdr->count = w->done;
+	if (aggbox_tc_swap(skb))
+		return NULL;
+	return aggbox_tc_hdr(skb);
+}
+
+/*
+ * TC ingress on the TC datapath: a BCAST_DATA (one datagram, or a
+ * super-chunk) of the broadcast the process armed. Every segment is checked
+ * against the first before anything is placed; each is placed in the
+ * receive window; then the skb becomes one ACK of all the chunks it
+ * carried, sent back from here (bpf_redirect), or, when it completes a
+ * notification step, a copy of that ACK is sent and the skb goes up to the
+ * process as its BCAST_LANDED notice, flagged ANSWERED. What the kernel
+ * does not take whole (unarmed, beyond the credit, another broadcast, a
+ * call that disagrees) goes up to the socket unchanged, as from XDP; a
+ * super-chunk whose segments disagree with each other or with the chunk
+ * size is dropped and counted.
+ */
+static __always_inline int aggbox_tc_bcast_data(struct __sk_buff *skb, struct aggbox_pkt *pkt)
 {
 	struct aggbox_hdr *hdr = pkt->hdr;
+	struct aggbox_walk walk = {};
 	struct aggbox_ctl *ctl;
-	struct aggbox_txslot *slot;
-	__u32 seq = hdr->seq, chunk = hdr->chunk, slot_idx, word, count, done;
-	__u64 bit, old;
+	struct aggbox_rxctl *rx;
+	__u32 ctl_idx = pkt->ctl, seq = hdr->seq, segs, last, want, udp_len;
+	__u16 rank, root = hdr->sender;
 
 	ctl = bpf_map_lookup_elem(&ab_ctl, &ctl_idx);
-	if (!ctl || hdr->flags || ctl->tx_seq == 0 || seq != ctl->tx_seq || chunk >= ctl->tx_nchunks)
+	if (!ctl || pkt->ip->ihl != 5)
 		goto to_user;
-	slot_idx = ctl_idx * AGGBOX_TX_SLOTS + (chunk & (AGGBOX_TX_SLOTS - 1));
+	rx = &ctl->rx[seq & (AGGBOX_RX_PHASES - 1)];
+	walk.skb = skb;
+	walk.rx = rx;
+	walk.first = hdr->chunk;
+	walk.hdr_off = AGGBOX_OFF_UDP + sizeof(struct udphdr);
+	udp_len = bpf_ntohs(pkt->udp->len);
+	if (skb->len < walk.hdr_off || udp_len != skb->len - AGGBOX_OFF_UDP)
+		goto bad; /* UDP says another length than the skb has */
+	walk.total = skb->len - walk.hdr_off;
+	if (skb->gso_segs > 1) {
+		walk.stride = skb->gso_size;
+		segs = skb->gso_segs;
+		if (walk.stride <= AGGBOX_HDR_LEN || segs > AGGBOX_RX_WINDOW ||
+		    (walk.total + walk.stride - 1) / walk.stride != segs)
+			goto bad;
+	} else {
+		walk.stride = walk.total;
+		segs = 1;
+	}
+	if (rx->seq != 0 && seq == rx->seq && aggbox_claim(rx, hdr))
+		goto to_user;
+	/* Only the broadcast the process armed, exactly as it called it, and
+	 * only what the credit admits whole. */
+	last = walk.first + segs - 1;
+	if (rx->seq == 0 || seq != rx->seq || hdr->sender != rx->root || hdr->nchunks != rx->nchunks ||
+	    hdr->count != rx->count || hdr->dtype != rx->dtype || last < walk.first || last >= rx->nchunks ||
+	    last >= rx->credit)
+		goto to_user;
+	/* Every segment but the last is a whole chunk; the last is its chunk. */
+	if (segs > 1 && walk.stride != AGGBOX_HDR_LEN + rx->chunk_bytes)
+		goto bad;
+	want = last + 1 == rx->nchunks ? rx->last_bytes : rx->chunk_bytes;
+	if (aggbox_seg_len(&walk, segs - 1) != want || want > AGGBOX_CHUNK_MAX)
+		goto bad;
+	__builtin_memcpy(walk.words, hdr, sizeof(walk.words));
+	if (segs > 1) {
+		bpf_loop(segs, aggbox_check_seg, &walk, 0);
+		if (walk.done != segs)
+			goto bad;
+	}
+	walk.slot_base = ctl_idx * AGGBOX_RX_SLOTS + (seq & (AGGBOX_RX_PHASES - 1)) * AGGBOX_RX_WINDOW;
+	walk.done = 0;
+	rank = rx->rank;
+	bpf_loop(segs, aggbox_place_seg, &walk, 0);
+	/* pkt's pointers are invalid from here on. */
+	if (walk.done == 0)
+		goto to_user; /* nothing taken: all of it to user space, which places it exactly once */
+	if (walk.done < segs)
+		aggbox_bcount_n(AGGBOX_BSTAT_SEGMENTS_REFUSED, segs - walk.done);
+	if (segs > 1)
+		aggbox_bcount(AGGBOX_BSTAT_SUPERCHUNKS);
+	hdr = aggbox_tc_make_ack(skb, &walk, rank);
+	if (!hdr)
+		return TC_ACT_SHOT; /* a loss: the root resends */
+	aggbox_bcount(AGGBOX_BSTAT_ACKS_SENT);
+	if (!walk.notify)
+		return bpf_redirect(skb->ifindex, 0);
+	/* The process's one wake-up for these chunks: a copy of the ACK goes
+	 * back to the root, and the skb up as the landed notice. */
+	if (bpf_clone_redirect(skb, skb->ifindex, 0))
+		walk.notify = 2; /* not sent: the process answers it */
+	if (aggbox_tc_swap(skb))
+		return TC_ACT_SHOT;
+	hdr = aggbox_tc_hdr(skb);
+	if (!hdr)
+		return TC_ACT_SHOT;
+	hdr->kind = AGGBOX_KIND_BCAST_LANDED;
+	hdr->sender = root;
+	hdr->chunk = walk.first + walk.done - 1;
+	hdr->flags = walk.notify == 2 ? 0 : AGGBOX_FLAG_ANSWERED;
+	hdr->count = walk.landed;
+	aggbox_bcount(AGGBOX_BSTAT_LANDED);
+	return TC_ACT_OK;
+
+bad:
+	aggbox_bcount(AGGBOX_BSTAT_BAD_SEGMENTS);
+	return TC_ACT_SHOT;
+to_user:
+	aggbox_bcount(AGGBOX_BSTAT_TO_USER);
+	return TC_ACT_OK;
+}
+
+/* ---- Root: folding ACKs (XDP and TC alike) ----------------------------------- */
+
+/* What aggbox_bcast_fold_ack did with an ACK. */
+enum aggbox_fold_verdict {
+	AGGBOX_FOLD_CONSUMED = 0, /* folded (or a repeat): drop it */
+	AGGBOX_FOLD_GROUP = 1, /* turned into the group-ACK in place: pass it up */
+	AGGBOX_FOLD_TO_USER = 2, /* not the kernel's to fold: pass it up unchanged */
+};
+
+/* One ACK fold: the chunks [first, first + n) acknowledged by `sender`. */
+struct aggbox_fold {
+	struct aggbox_ctl *ctl;
+	__u32 ctl_idx;
+	__u32 seq;
+	__u32 first;
+	__u32 sender;
+	__u32 done; /* the send window's count of chunks held by all, after the last completion */
+	__u8 group; /* a completion reached a notification step: let a group-ACK up */
+	__u8 to_user; /* a chunk's slot does not track it: user space folds the ACK */
+	__u8 folded; /* at least one new bit */
+};
+
+/* Folds chunk first + i (bpf_loop callback; stops at the first chunk the
+ * send window does not track). */
+static long aggbox_fold_one(__u64 i, void *data)
+{
+	struct aggbox_fold *f = data;
+	struct aggbox_ctl *ctl = f->ctl;
+	struct aggbox_txslot *slot;
+	__u32 chunk = f->first + (__u32)i, slot_idx, word, count, done;
+	__u64 bit, old;
+
+	if (!ctl || ctl->tx_seq == 0 || f->seq != ctl->tx_seq || chunk >= ctl->tx_nchunks) {
+		f->to_user = 1;
+		return 1;
+	}
+	slot_idx = f->ctl_idx * AGGBOX_TX_SLOTS + (chunk & (AGGBOX_TX_SLOTS - 1));
 	slot = bpf_map_lookup_elem(&ab_txwin, &slot_idx);
-	if (!slot || slot->tag != aggbox_tag(seq, chunk))
-		goto to_user;
-	word = (hdr->sender / 64) & (AGGBOX_RANK_WORDS - 1);
-	bit = 1ULL << (hdr->sender % 64);
+	if (!slot || slot->tag != aggbox_tag(f->seq, chunk)) {
+		f->to_user = 1;
+		return 1;
+	}
+	word = (f->sender / 64) & (AGGBOX_RANK_WORDS - 1);
+	bit = 1ULL << (f->sender % 64);
 	old = __sync_fetch_and_or(&slot->bits[word], bit);
 	if (old & bit) {
 		aggbox_bcount(AGGBOX_BSTAT_DUPLICATES);
-		return XDP_DROP;
+		return 0;
 	}
-	if (slot->tag != aggbox_tag(seq, chunk)) {
+	if (slot->tag != aggbox_tag(f->seq, chunk)) {
 		/* The root readied the slot for a later chunk meanwhile: this bit
 		 * is not that chunk's. A genuine ACK lost here is found by a probe. */
 		__sync_fetch_and_and(&slot->bits[word], ~bit);
-		goto to_user;
+		f->to_user = 1;
+		return 1;
 	}
 	aggbox_bcount(AGGBOX_BSTAT_ACKS_FOLDED);
+	f->folded = 1;
 	count = __sync_fetch_and_add(&slot->count, 1) + 1;
-	if (count != ctl->tx_receivers)
-		return XDP_DROP;
-	if (ctl->tx_seq != seq)
-		return XDP_DROP; /* that broadcast is over */
+	if (count != ctl->tx_receivers || ctl->tx_seq != f->seq)
+		return 0;
 	done = __sync_fetch_and_add(&ctl->tx_done, 1) + 1;
-	if (done != ctl->tx_nchunks && (!ctl->tx_notify || done % ctl->tx_notify))
-		return XDP_DROP;
+	f->done = done;
+	if (done == ctl->tx_nchunks || (ctl->tx_notify && done % ctl->tx_notify == 0))
+		f->group = 1;
+	return 0;
+}
+
+/*
+ * At the root: folds a BCAST_ACK (one chunk, or with RANGE `count` chunks
+ * from `chunk` on) into the send window with atomic fetch-and-or (a repeat
+ * changes nothing); when a chunk is then held by every receiver it counts
+ * it, and every notification step and at the last it turns the ACK into one
+ * BCAST_ACK(GROUP) in place: the root's wake-up. `pkt`'s pointers are read
+ * before the fold and written after it, which calls no helper that moves
+ * packet data.
+ */
+static __always_inline enum aggbox_fold_verdict aggbox_bcast_fold_ack(struct aggbox_pkt *pkt, __u32 ctl_idx)
+{
+	struct aggbox_hdr *hdr = pkt->hdr;
+	struct aggbox_fold fold = {};
+	__u32 n = 1;
+
+	if (hdr->flags & ~AGGBOX_FLAG_RANGE)
+		goto to_user;
+	if (hdr->flags & AGGBOX_FLAG_RANGE) {
+		n = hdr->count;
+		if (n == 0 || n > AGGBOX_TX_SLOTS)
+			goto to_user;
+	}
+	fold.ctl = bpf_map_lookup_elem(&ab_ctl, &ctl_idx);
+	if (!fold.ctl)
+		goto to_user;
+	fold.ctl_idx = ctl_idx;
+	fold.seq = hdr->seq;
+	fold.first = hdr->chunk;
+	fold.sender = hdr->sender;
+	bpf_loop(n, aggbox_fold_one, &fold, 0);
+	if (fold.to_user)
+		goto to_user; /* user space folds all of it again: repeats change nothing */
+	if (!fold.group)
+		return AGGBOX_FOLD_CONSUMED;
 	/* The group-ACK: the root's one wake-up for these chunks. */
 	hdr->flags = AGGBOX_FLAG_GROUP;
-	hdr->count = done;
+	hdr->count = fold.done;
 	pkt->udp->check = 0;
 	aggbox_bcount(AGGBOX_BSTAT_GROUP_ACKS);
-	return XDP_PASS;
+	return AGGBOX_FOLD_GROUP;
 
 to_user:
 	aggbox_bcount(AGGBOX_BSTAT_TO_USER);
-	return XDP_PASS;
+	return AGGBOX_FOLD_TO_USER;
+}
+
+/* XDP's entry to the fold. */
+static __always_inline int aggbox_xdp_bcast_ack(struct xdp_md *ctx, struct aggbox_pkt *pkt, __u32 ctl_idx)
+{
+	return aggbox_bcast_fold_ack(pkt, ctl_idx) == AGGBOX_FOLD_CONSUMED ? XDP_DROP : XDP_PASS;
 }
 
 #endif /* AGGBOX_BCAST_H */

@@ -328,7 +328,10 @@ enum aggbox_bstat {
 	AGGBOX_BSTAT_LANDED = 6, /* XDP: landed notices passed up to a receiver */
 	AGGBOX_BSTAT_TO_USER = 7, /* XDP: broadcast datagrams left to user space (unarmed, stale, odd) */
 	AGGBOX_BSTAT_CLONES_REFUSED = 8, /* TC egress: copies the device would not take (resent by the root) */
-	AGGBOX_BSTAT_MAX = 9,
+	AGGBOX_BSTAT_SUPERCHUNKS = 9, /* TC ingress: super-chunks (GSO skbs of several chunks) placed */
+	AGGBOX_BSTAT_SEGMENTS_REFUSED = 10, /* TC ingress: segments of a super-chunk dropped unplaced (resent by the root) */
+	AGGBOX_BSTAT_BAD_SEGMENTS = 11, /* TC ingress: super-chunks dropped: a segment disagrees with the first, or the stride with the chunk size */
+	AGGBOX_BSTAT_MAX = 12,
 };
 
 struct {
@@ -352,6 +355,15 @@ static __always_inline void aggbox_percpu_inc(void *map, __u32 idx)
 static __always_inline void aggbox_bcount(enum aggbox_bstat stat)
 {
 	aggbox_percpu_inc(&ab_bstats, stat);
+}
+
+static __always_inline void aggbox_bcount_n(enum aggbox_bstat stat, __u32 n)
+{
+	__u32 idx = stat;
+	__u64 *value = bpf_map_lookup_elem(&ab_bstats, &idx);
+
+	if (value)
+		*value += n;
 }
 
 /* Reduction counters of the host: ab_rstats[stat], per CPU. */

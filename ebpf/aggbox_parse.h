@@ -41,6 +41,23 @@ struct aggbox_pkt {
 	__u32 ctl; /* the local communicator's control block (AGGBOX_NO_CTL: none) */
 };
 
+/*
+ * skb->data and skb->data_end as packet pointers. Read with a plain load, a
+ * BPF v3 build (32-bit ALU) may copy the value through a 32-bit register,
+ * which the verifier then takes for a scalar and refuses; a load it cannot
+ * see the width of keeps it a 64-bit register.
+ */
+#define AGGBOX_SKB_PTR(skb, field)                                                                   \
+	({                                                                                          \
+		void *ptr_;                                                                          \
+		asm volatile("%[p] = *(u32 *)(%[ctx] + %[off])"                                      \
+			     : [p] "=r"(ptr_)                                                        \
+			     : [ctx] "r"(skb), [off] "i"(offsetof(struct __sk_buff, field)));       \
+		ptr_;                                                                                \
+	})
+#define aggbox_skb_data(skb) AGGBOX_SKB_PTR(skb, data)
+#define aggbox_skb_data_end(skb) AGGBOX_SKB_PTR(skb, data_end)
+
 static __always_inline enum aggbox_verdict aggbox_drop(enum aggbox_prog prog,
 						       enum aggbox_stat why)
 {
@@ -136,8 +153,8 @@ other:
  */
 static __always_inline void aggbox_skb_pull_headers(struct __sk_buff *skb)
 {
-	void *data = (void *)(long)skb->data;
-	void *data_end = (void *)(long)skb->data_end;
+	void *data = aggbox_skb_data(skb);
+	void *data_end = aggbox_skb_data_end(skb);
 	struct ethhdr *eth = data;
 	struct iphdr *ip = (void *)(eth + 1);
 	__u32 need;
@@ -147,8 +164,8 @@ static __always_inline void aggbox_skb_pull_headers(struct __sk_buff *skb)
 		if (skb->len < need)
 			return;
 		bpf_skb_pull_data(skb, need); /* then look again */
-		data = (void *)(long)skb->data;
-		data_end = (void *)(long)skb->data_end;
+		data = aggbox_skb_data(skb);
+		data_end = aggbox_skb_data_end(skb);
 		eth = data;
 		ip = (void *)(eth + 1);
 		if ((void *)(ip + 1) > data_end)

@@ -18,8 +18,8 @@
 /* The IPv4 destination and UDP destination port (network order) of the frame. */
 static __always_inline int aggbox_tc_dest(struct __sk_buff *skb, __u32 *ip, __u16 *port)
 {
-	void *data = (void *)(long)skb->data;
-	void *data_end = (void *)(long)skb->data_end;
+	void *data = aggbox_skb_data(skb);
+	void *data_end = aggbox_skb_data_end(skb);
 	struct iphdr *iph = data + AGGBOX_OFF_IP;
 	struct udphdr *udp = data + AGGBOX_OFF_UDP;
 
@@ -28,32 +28,6 @@ static __always_inline int aggbox_tc_dest(struct __sk_buff *skb, __u32 *ip, __u1
 	*ip = iph->daddr;
 	*port = udp->dest;
 	return 0;
-}
-
-/* Cuts the frame to its AggBox header (IPv4 and UDP lengths fixed, UDP
- * checksum none) and makes it private (a copy was just sent from it), so it
- * can be written directly. Returns the header, or NULL. */
-static __always_inline struct aggbox_hdr *aggbox_tc_strip(struct __sk_buff *skb)
-{
-	void *data, *data_end;
-	struct iphdr *ip;
-	struct udphdr *udp;
-	__u16 old_len, new_len = bpf_htons(sizeof(*ip) + sizeof(*udp) + AGGBOX_HDR_LEN);
-
-	if (bpf_skb_change_tail(skb, AGGBOX_OFF_PAYLOAD, 0) || bpf_skb_pull_data(skb, AGGBOX_OFF_PAYLOAD))
-		return NULL;
-	data = (void *)(long)skb->data;
-	data_end = (void *)(long)skb->data_end;
-	ip = data + AGGBOX_OFF_IP;
-	udp = data + AGGBOX_OFF_UDP;
-	if (data + AGGBOX_OFF_PAYLOAD > data_end)
-		return NULL;
-	old_len = ip->tot_len;
-	ip->check = aggbox_csum_replace2(ip->check, old_len, new_len);
-	ip->tot_len = new_len;
-	udp->len = bpf_htons(sizeof(*udp) + AGGBOX_HDR_LEN);
-	udp->check = 0;
-	return (void *)(udp + 1);
 }
 
 /* Points the frame at `rank` (key->group set) and sends a copy there. */

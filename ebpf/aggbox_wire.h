@@ -86,6 +86,7 @@ struct aggbox_agree_body {
 #define AGGBOX_FLAG_ANSWERED 0x0010 /* BCAST_LANDED: the kernel sent this chunk's ACK already */
 #define AGGBOX_FLAG_NOTIFY 0x0020 /* RED_RESULT from XDP: after the fan-out, it goes up as RED_LANDED */
 #define AGGBOX_FLAG_ANSWER 0x0040 /* AGREE_VALUE: an answer to a rank that lags behind */
+#define AGGBOX_FLAG_RANGE 0x0080 /* BCAST_ACK: it acknowledges chunks [chunk, chunk + count) (a super-chunk) */
 
 /* The fixed header at the start of every AggBox UDP payload (40 bytes). */
 struct aggbox_hdr {

@@ -15,8 +15,8 @@ int aggbox_tc_egress(struct __sk_buff *skb)
 	void *data_end;
 
 	aggbox_skb_pull_headers(skb);
-	data = (void *)(long)skb->data;
-	data_end = (void *)(long)skb->data_end;
+	data = aggbox_skb_data(skb);
+	data_end = aggbox_skb_data_end(skb);
 	switch (aggbox_classify(data, data_end, AGGBOX_DIR_OUT, AGGBOX_PROG_TC_EGRESS, &pkt)) {
 	case AGGBOX_INVALID:
 		return TC_ACT_SHOT;

@@ -1,12 +1,24 @@
 // SPDX-License-Identifier: GPL-2.0 OR Apache-2.0
 /*
- * TC ingress: checks what XDP passed up (invalid AggBox datagrams are
- * dropped) and, since skbs can be copied here and XDP frames cannot, sends
- * the ACK of the chunk whose landed notice XDP passed up to the process
- * (aggbox_tc_answer_landed), and sends the reduction results XDP completed to
- * every member (aggbox_tc_red_fanout).
+ * TC ingress. With XDP attached (the XDP hooks) it checks what XDP passed
+ * up (invalid AggBox datagrams are dropped) and, since skbs can be copied
+ * here and XDP frames cannot, sends the ACK of the chunk whose landed notice
+ * XDP passed up to the process (aggbox_tc_answer_landed), and sends the
+ * reduction results XDP completed to every member (aggbox_tc_red_fanout).
+ * Without XDP (the TC hooks: virtual devices, where any XDP program would
+ * turn GSO off on the peer and cut every super-chunk into MTU frames) it is
+ * the first program a datagram meets: it places broadcast chunks and
+ * super-chunks in the receive windows and answers them from here
+ * (aggbox_tc_bcast_data), and folds ACKs at the root
+ * (aggbox_bcast_fold_ack); the other collectives run in user space.
  */
+/* Claims, placements and folds use atomic fetch-and-add/or and
+ * compare-and-swap: build.rs compiles this for BPF v3. */
+#define AGGBOX_NEEDS_ATOMICS 1
 #include "aggbox_result.h"
+
+/* Set by the loader: 1 on the TC hooks (no XDP program on the interface). */
+volatile const __u32 aggbox_tc_hooks = 0;
 
 SEC("classifier")
 int aggbox_tc_ingress(struct __sk_buff *skb)
@@ -16,13 +28,28 @@ int aggbox_tc_ingress(struct __sk_buff *skb)
 	void *data_end;
 
 	aggbox_skb_pull_headers(skb);
-	data = (void *)(long)skb->data;
-	data_end = (void *)(long)skb->data_end;
+	data = aggbox_skb_data(skb);
+	data_end = aggbox_skb_data_end(skb);
 
 	switch (aggbox_classify(data, data_end, AGGBOX_DIR_IN, AGGBOX_PROG_TC_INGRESS, &pkt)) {
 	case AGGBOX_INVALID:
 		return TC_ACT_SHOT;
 	case AGGBOX_VALID:
+		if (aggbox_tc_hooks) {
+			if (pkt.hdr->kind == AGGBOX_KIND_BCAST_LANDED) {
+				aggbox_count(AGGBOX_PROG_TC_INGRESS, AGGBOX_STAT_DROP_BAD_KIND); /* only this program makes them, going up */
+				return TC_ACT_SHOT;
+			}
+			if (pkt.ctl >= AGGBOX_CTL_SLOTS)
+				return TC_ACT_OK;
+			if (pkt.hdr->kind == AGGBOX_KIND_BCAST_DATA)
+				return aggbox_tc_bcast_data(skb, &pkt);
+			/* A GSO skb of ACKs is left whole to user space: the fold
+			 * reads one header. */
+			if (pkt.hdr->kind == AGGBOX_KIND_BCAST_ACK && skb->gso_segs <= 1)
+				return aggbox_bcast_fold_ack(&pkt, pkt.ctl) == AGGBOX_FOLD_CONSUMED ? TC_ACT_SHOT : TC_ACT_OK;
+			return TC_ACT_OK;
+		}
 		if (pkt.hdr->kind == AGGBOX_KIND_BCAST_LANDED && pkt.ctl < AGGBOX_CTL_SLOTS)
 			return aggbox_tc_answer_landed(skb, &pkt);
 		if (pkt.hdr->kind == AGGBOX_KIND_RED_RESULT && (pkt.hdr->flags & AGGBOX_FLAG_FANOUT) &&

@@ -769,12 +769,12 @@ fn tcp(seconds: u32, rounds: u32, mtus: &[u32], opts: &RunOpts) -> Result<(), St
             progress(&format!("tcp MTU {mtu}: round {} of {rounds}, without programs", round + 1));
             let bare = iperf(&cluster, seconds)?;
             let attachments = attach_both(&cluster)?;
-            let mode = attachments[0].xdp_mode().name();
-            progress(&format!("tcp MTU {mtu}: round {} of {rounds}, with AggBox's programs (xdp {mode})", round + 1));
+            let mode = attachments[0].hooks().name();
+            progress(&format!("tcp MTU {mtu}: round {} of {rounds}, with AggBox's programs (hooks {mode})", round + 1));
             let attached = iperf(&cluster, seconds)?;
             drop(attachments);
             println!(
-                "MTU {mtu} round {round}: plain bridge without programs {:.2} Gbit/s, with AggBox's programs on both hosts (xdp {mode}, tc ingress+egress) {:.2} Gbit/s",
+                "MTU {mtu} round {round}: plain bridge without programs {:.2} Gbit/s, with AggBox's programs on both hosts (hooks {mode}) {:.2} Gbit/s",
                 bare / 1e9,
                 attached / 1e9
             );
@@ -788,7 +788,7 @@ fn tcp(seconds: u32, rounds: u32, mtus: &[u32], opts: &RunOpts) -> Result<(), St
         let (a, b) = (p50_p99(without.clone()), p50_p99(with.clone()));
         println!(
             "tcp throughput at MTU {mtu} (iperf3 between two hosts of a plain bridge, {rounds}x{seconds}s each, median): \
-             without programs {:.2} Gbit/s, with AggBox's programs attached to the hosts (xdp {mode}) {:.2} Gbit/s, ratio with/without = {:.3}",
+             without programs {:.2} Gbit/s, with AggBox's programs attached to the hosts (hooks {mode}) {:.2} Gbit/s, ratio with/without = {:.3}",
             a.0,
             b.0,
             b.0 / a.0
@@ -796,7 +796,7 @@ fn tcp(seconds: u32, rounds: u32, mtus: &[u32], opts: &RunOpts) -> Result<(), St
         summary.push(format!("MTU {mtu}: {:.3}", b.0 / a.0));
         run.networks.push(network);
         run.notes.push(format!(
-            "both rows on the same plain cluster; \"with\": AggBox's XDP (xdp {mode}) and TC programs attached to eth0 of both hosts for a group of the two"
+            "both rows on the same plain cluster; \"with\": AggBox's programs (hooks {mode}) attached to eth0 of both hosts for a group of the two"
         ));
         for (datapath, p, n) in [("without programs", a, without.len()), ("with AggBox programs", b, with.len())] {
             run.rows.push(Row {

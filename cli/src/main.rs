@@ -188,8 +188,8 @@ fn run(cli: Cli) -> Result<ExitCode, String> {
                 println!("no AggBox attachments on this host");
             }
             for a in attachments {
-                let mode = a.xdp_mode.map_or("none", |m| m.name());
-                println!("{} (xdp {mode} mode)", a.dir.display());
+                let hooks = a.hooks.map_or("none", |h| h.name());
+                println!("{} (hooks {hooks})", a.dir.display());
                 for u in &a.users {
                     println!("  user pid {} port {} group {:#x}{}", u.pid, u.port, u.group, if u.alive { "" } else { " (dead: reclaimed at the next start)" });
                 }

@@ -44,7 +44,10 @@ use crate::{
     loader::Attachment,
     maps::RX_WINDOW,
     window::{RxArm, Windows},
-    wire::{seq_at_or_before, Header, Kind, FLAG_ANSWERED, FLAG_FANOUT, FLAG_GROUP, FLAG_MISMATCH, FLAG_RETRANSMIT, HDR_LEN, MAX_RANKS},
+    wire::{
+        seq_at_or_before, Header, Kind, FLAG_ANSWERED, FLAG_FANOUT, FLAG_GROUP, FLAG_MISMATCH, FLAG_RANGE, FLAG_RETRANSMIT, HDR_LEN,
+        MAX_RANKS,
+    },
     Datapath,
     Comm, Error, Result,
 };
@@ -838,14 +841,22 @@ impl Comm {
                 Ok(self.mirror_kernel_acks(call))
             }
             Kind::BcastAck if header.seq == call.seq => {
-                if let Some(windows) = self.kernel_windows() {
-                    // Keep the kernel's count whole: it wakes us when a
-                    // step's chunks are held by all, user-space ACKs included.
-                    windows.fold_tx(call.seq, header.chunk, sender, self.size() as u32 - 1);
-                }
+                // One chunk, or with RANGE the `count` chunks from `chunk`
+                // on (TC ingress answers a super-chunk with one ACK).
+                let first = header.chunk as usize;
+                let n = if header.flags & FLAG_RANGE != 0 { header.count as usize } else { 1 };
+                let end = first.saturating_add(n).min(call.nchunks);
                 self.user_stats.bcast_acks_received += 1;
                 self.bcast.window.last_heard[sender] = Instant::now();
-                let news = self.bcast.window.acknowledge(header.chunk as usize, header.op, sender);
+                let mut news = false;
+                for chunk in first..end {
+                    if let Some(windows) = self.kernel_windows() {
+                        // Keep the kernel's count whole: it wakes us when a
+                        // step's chunks are held by all, user-space ACKs included.
+                        windows.fold_tx(call.seq, chunk as u32, sender, self.size() as u32 - 1);
+                    }
+                    news |= self.bcast.window.acknowledge(chunk, header.op, sender);
+                }
                 if !news {
                     self.user_stats.duplicates += 1;
                 }

@@ -10,13 +10,21 @@
 //! it. Faults ([`crate::fault`]) are injected at TC egress of those ports,
 //! which every frame delivered to a host passes once.
 //!
-//! A *plain* cluster ([`ClusterSpec::with_plain`]) has no program on any
-//! interface: the network a user runs TCP peers such as Open MPI on. An XDP
-//! program on a veth turns TSO/GSO off on its peer, so on a cluster with the
-//! bare XDP program the hosts' TCP is cut into MTU-sized frames; on a plain
-//! one it is not. AggBox's own `XDP_TX` replies are not delivered between
-//! the hosts of a plain cluster, and faults are refused on it (they are TC
-//! programs on the ports, and a plain cluster is one with no program).
+//! A *plain* cluster ([`ClusterSpec::with_plain`]) has no XDP program on
+//! any interface: the network users have (Docker's, Kubernetes pods', most
+//! VMs'), and the one TCP peers such as Open MPI run on. An XDP program on a
+//! veth turns TSO/GSO off on its peer, so on a cluster with the bare XDP
+//! program the hosts' TCP and UDP GSO super-packets are cut into MTU-sized
+//! frames; on a plain one they are not. AggBox's `XDP_TX` replies (the XDP
+//! hooks) are not delivered between the hosts of a plain cluster: there its
+//! hosts run on the TC hooks (`loader::Hooks`), which the default `auto`
+//! picks on a veth. Faults are TC programs on the ports, which do not turn
+//! GSO off: they can be injected on both kinds (on a plain cluster a fault
+//! hits a whole super-packet, on the other a single segment).
+//!
+//! [`Cluster::command`] starts the processes of a cluster with the bare XDP
+//! program on the XDP hooks (`AGGBOX_HOOKS=xdp`, which a caller may
+//! override): that is what the program is there for.
 //!
 //! Namespaces and links are made with `ip`; BPF programs are attached from a
 //! thread that has entered the switch namespace (`setns` moves only the
@@ -615,7 +623,9 @@ impl Cluster {
     }
 
     /// A command that runs `program` inside host `index`
-    /// (`ip netns exec <netns> <program>`); add its arguments.
+    /// (`ip netns exec <netns> <program>`); add its arguments. On a cluster
+    /// with the bare XDP program on its ports it sets `AGGBOX_HOOKS=xdp`
+    /// unless this process has `AGGBOX_HOOKS` (the caller may override it).
     ///
     /// # Panics
     ///
@@ -623,6 +633,9 @@ impl Cluster {
     pub fn command(&self, index: usize, program: impl AsRef<std::ffi::OsStr>) -> Command {
         let mut command = Command::new(ip_binary());
         command.args(["netns", "exec", &self.host(index).netns]).arg(program);
+        if !self.plain && std::env::var_os("AGGBOX_HOOKS").is_none() {
+            command.env("AGGBOX_HOOKS", "xdp");
+        }
         command
     }
 
@@ -642,15 +655,7 @@ impl Cluster {
     /// ([`FaultSpec::NONE`] only counts them). A spec that reorders also puts
     /// the slow-path HTB qdisc of [`crate::fault`] at the root of every
     /// bridge-side port; one that does not leaves the ports without a qdisc.
-    /// Refused on a [plain](ClusterSpec::with_plain) cluster.
     pub fn inject_faults(&mut self, spec: FaultSpec) -> Result<()> {
-        if self.plain {
-            return Err(Error::Unsupported(format!(
-                "cluster {} is plain (no program on any interface) and faults are TC programs on its bridge ports; \
-                 bring it up without plain (`aggbox cluster up` without --plain) to inject faults",
-                self.prefix
-            )));
-        }
         spec.validate()?;
         // Two fault programs on one port would compound.
         self.clear_faults();

@@ -157,7 +157,21 @@ impl Comm {
         let (datapath, datapath_reason, mut attachment) = match config.datapath {
             Datapath::User => (Datapath::User, None, None),
             requested => match Self::kernel_attachment(&iface, port) {
-                Ok(attachment) => (Datapath::Kernel, None, Some(attachment)),
+                Ok(attachment) => {
+                    let hooks = attachment.hooks();
+                    let what = if hooks.has_xdp() {
+                        "every collective has its kernel half"
+                    } else {
+                        "broadcast in the kernel, the other collectives in user space"
+                    };
+                    let reason = format!(
+                        "the kernel datapath on {}, {} hooks ({}): {what}",
+                        iface.name,
+                        hooks.name(),
+                        attachment.hooks_reason()
+                    );
+                    (Datapath::Kernel, Some(reason), Some(attachment))
+                }
                 Err(why) if requested == Datapath::Kernel => {
                     return Err(Error::Unsupported(format!(
                         "AGGBOX_DATAPATH=kernel on {}: {why}",
@@ -249,7 +263,9 @@ impl Comm {
         self.datapath
     }
 
-    /// Why `Auto` fell back to the user datapath, if it did.
+    /// Why the communicator is on its datapath: on the kernel datapath, its
+    /// hooks and why; when `Auto` fell back to the user datapath, why. `None`
+    /// when the user datapath was asked for.
     pub fn datapath_reason(&self) -> Option<&str> {
         self.datapath_reason.as_deref()
     }
@@ -298,6 +314,12 @@ impl Comm {
         };
         let user = UserStats { syscalls: self.transport.syscalls(), socket_waits: self.transport.waits(), ..self.user_stats };
         Ok(Stats { datapath: self.datapath, user, kernel })
+    }
+
+    /// UDP GSO super-packets this communicator sent, and the datagrams
+    /// they carried (see [`crate::transport`]).
+    pub fn gso_sends(&self) -> (u64, u64) {
+        self.transport.gso_sends()
     }
 
     /// A header of this group from this rank.

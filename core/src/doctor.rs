@@ -186,26 +186,42 @@ pub fn diagnose(iface: Option<&str>, toward: Option<Ipv4Addr>) -> Result<Report>
             "free a UDP port in 47000..47064 or set AGGBOX_PORT",
             false,
         ));
-        let pinned = loader::pin_dir(iface).ok().filter(|d| d.exists());
+        let (tc_hooks, why) = match loader::HooksChoice::from_env() {
+            Ok(choice) => choice.wants_tc(iface),
+            Err(e) => {
+                checks.push(check("hooks", false, e.to_string(), "set AGGBOX_HOOKS to auto, xdp or tc", true));
+                (true, "")
+            }
+        };
+        let hooks = if tc_hooks { "TC" } else { "XDP and TC" };
+        let pinned = loader::pin_dir(iface, tc_hooks).ok().filter(|d| d.exists());
         if let Some(dir) = pinned {
             // Attached already: probing would collide with it.
-            let mode = if dir.join("xdp_drv").exists() { "driver" } else { "skb" };
-            checks.push(check("xdp", true, format!("AggBox is attached to {} ({mode} mode); shared", iface.name), "", true));
-            checks.push(check("tc", true, format!("AggBox TC programs attached to {}", iface.name), "", true));
+            let mode = if dir.join("xdp_drv").exists() {
+                "XDP in driver mode, and TC"
+            } else if dir.join("xdp_skb").exists() {
+                "XDP in SKB mode, and TC"
+            } else {
+                "TC only"
+            };
+            checks.push(check("hooks", true, format!("AggBox is attached to {} ({mode}); shared", iface.name), "", true));
         } else if iface.is_loopback() {
-            checks.push(check("xdp", false, format!("{} is loopback", iface.name), "choose a network interface with --iface", true));
+            checks.push(check("hooks", false, format!("{} is loopback", iface.name), "choose a network interface with --iface", true));
         } else {
-            let xdp = probe_xdp(iface);
-            checks.push(check(
-                "xdp",
-                xdp.is_ok(),
-                match &xdp {
-                    Ok(mode) => format!("attaches to {} in {} mode", iface.name, mode.name()),
-                    Err(e) => format!("cannot attach to {}: {e}", iface.name),
-                },
-                "needs CAP_NET_ADMIN and a kernel with XDP; a driver without native XDP still gets SKB mode",
-                true,
-            ));
+            checks.push(check("hooks", true, format!("{hooks} programs on {}: {why}", iface.name), "", false));
+            if !tc_hooks {
+                let xdp = probe_xdp(iface);
+                checks.push(check(
+                    "xdp",
+                    xdp.is_ok(),
+                    match &xdp {
+                        Ok(mode) => format!("attaches to {} in {} mode", iface.name, mode.name()),
+                        Err(e) => format!("cannot attach to {}: {e}", iface.name),
+                    },
+                    "needs CAP_NET_ADMIN and a kernel with XDP; a driver without native XDP still gets SKB mode",
+                    true,
+                ));
+            }
             let tc = probe_tc(iface);
             checks.push(check(
                 "tc",

@@ -573,7 +573,7 @@ impl KvKernel {
     /// communicator that used the control block before left its batch
     /// numbers there).
     fn open(comm: &Comm) -> Result<Option<KvKernel>> {
-        let Some(attachment) = comm.attachment.as_ref().filter(|_| comm.datapath() == Datapath::Kernel) else {
+        let Some(attachment) = comm.attachment.as_ref().filter(|a| comm.datapath() == Datapath::Kernel && a.hooks().has_xdp()) else {
             return Ok(None);
         };
         let Some(ctl) = attachment.windows().map(|w| w.index()).filter(|&c| c < CTL_SLOTS) else { return Ok(None) };
@@ -1650,7 +1650,7 @@ pub(crate) fn test_owner<const N: usize>(
     let dir = crate::loader::bpffs_root()?.join(format!("aggbox-{tag}-{}", std::process::id()));
     std::fs::create_dir_all(&dir).map_err(|e| Error::system(format!("creating {}", dir.display()), e))?;
     let opened = (|| -> Result<_> {
-        let mut obj = crate::loader::load_object(crate::bpf::XDP_INGRESS, &dir)?;
+        let mut obj = crate::loader::load_object(crate::bpf::XDP_INGRESS, &dir, false)?;
         crate::loader::load_xdp(&mut obj)?;
         let mut shared = crate::loader::SharedMaps::open(&dir)?;
         let peer = |rank: usize, last: u8, port| PeerInfo {

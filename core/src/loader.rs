@@ -2,13 +2,13 @@
 //! interface.
 //!
 //! One attachment serves every communicator of every process on an
-//! interface. It lives under `/sys/fs/bpf/aggbox/<netns>-<ifindex>-<build>/`
+//! interface. It lives under `/sys/fs/bpf/aggbox/<netns>-<ifindex>-<build><hooks>/`
 //! (`<build>` is a hash of the BPF objects, so two builds never share maps
-//! whose layout they disagree on):
+//! whose layout they disagree on; `<hooks>` is `xdp` or `tc`, see [`Hooks`]):
 //!
 //! | pin | what |
 //! | --- | --- |
-//! | `xdp_drv` or `xdp_skb` | the XDP ingress link (the name says the mode) |
+//! | `xdp_drv` or `xdp_skb` | the XDP ingress link (the name says the mode; none on the TC hooks) |
 //! | `tc_ingress`, `tc_egress` | the TC (TCX) links |
 //! | `ab_ports`, `ab_groups`, `ab_members`, `ab_users`, `ab_stats` | the shared maps |
 //!
@@ -87,6 +87,84 @@ impl XdpAttachMode {
             XdpAttachMode::Skb => "skb",
         }
     }
+}
+
+/// The hooks that carry the kernel datapath on an interface.
+///
+/// On a virtual device (veth, a bridge, a tunnel: no `device` in sysfs) any
+/// XDP program turns GSO off on its peer, so every big packet reaches the
+/// host cut into MTU frames; there AggBox attaches only TC programs, which see
+/// a UDP GSO super-chunk as one skb (docs/BROADCAST.md, "The TC datapath").
+/// On a physical NIC, XDP runs before any skb is made.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Hooks {
+    /// XDP ingress (in this mode) with TC ingress and egress: every
+    /// collective's kernel half.
+    Xdp(XdpAttachMode),
+    /// TC ingress and egress only: broadcast in the kernel, the other
+    /// collectives in user space.
+    Tc,
+}
+
+impl Hooks {
+    /// Its name in reports: `xdp-driver`, `xdp-skb` or `tc`.
+    pub fn name(self) -> &'static str {
+        match self {
+            Hooks::Xdp(XdpAttachMode::Driver) => "xdp-driver",
+            Hooks::Xdp(XdpAttachMode::Skb) => "xdp-skb",
+            Hooks::Tc => "tc",
+        }
+    }
+
+    /// Whether XDP ingress is attached (reductions, key-value reduce and
+    /// agreement have a kernel half only then).
+    pub fn has_xdp(self) -> bool {
+        matches!(self, Hooks::Xdp(_))
+    }
+}
+
+/// What `AGGBOX_HOOKS` asks for.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum HooksChoice {
+    /// TC on virtual devices, XDP on physical ones (the default).
+    Auto,
+    /// XDP wherever it attaches.
+    Xdp,
+    /// TC only.
+    Tc,
+}
+
+impl HooksChoice {
+    /// Reads `AGGBOX_HOOKS` (`auto`, `xdp` or `tc`; unset is `auto`).
+    pub fn from_env() -> Result<HooksChoice> {
+        match std::env::var("AGGBOX_HOOKS").ok().as_deref().map(str::trim) {
+            None | Some("") | Some("auto") => Ok(HooksChoice::Auto),
+            Some("xdp") => Ok(HooksChoice::Xdp),
+            Some("tc") => Ok(HooksChoice::Tc),
+            Some(other) => Err(Error::InvalidArgument(format!(
+                "AGGBOX_HOOKS={other:?}: expected auto, xdp or tc"
+            ))),
+        }
+    }
+
+    /// Whether this choice puts `iface` on the TC hooks, and why (for
+    /// `aggbox doctor` and the datapath reason).
+    pub fn wants_tc(self, iface: &Interface) -> (bool, &'static str) {
+        match self {
+            HooksChoice::Tc => (true, "AGGBOX_HOOKS=tc"),
+            HooksChoice::Xdp => (false, "AGGBOX_HOOKS=xdp"),
+            HooksChoice::Auto if is_virtual(&iface.name) => {
+                (true, "a virtual device, where XDP would turn GSO off on its peer")
+            }
+            HooksChoice::Auto => (false, "a physical device, where XDP runs in the driver"),
+        }
+    }
+}
+
+/// Whether `iface` is a virtual device (no `device` link in sysfs: veth,
+/// bridges, tunnels, loopback).
+pub fn is_virtual(iface: &str) -> bool {
+    !Path::new("/sys/class/net").join(iface).join("device").exists()
 }
 
 fn is_bpffs(path: &str) -> bool {
@@ -178,9 +256,11 @@ fn netns_inode() -> Result<u64> {
         .map_err(|e| Error::system("reading /proc/thread-self/ns/net", e))
 }
 
-/// The pin directory of the attachment on `iface` in this network namespace.
-pub fn pin_dir(iface: &Interface) -> Result<PathBuf> {
-    Ok(pin_root()?.join(format!("{}-{}-{}", netns_inode()?, iface.index, bpf::BUILD_ID)))
+/// The pin directory of the attachment on `iface` in this network
+/// namespace, on the TC hooks when `tc`.
+pub fn pin_dir(iface: &Interface, tc: bool) -> Result<PathBuf> {
+    let hooks = if tc { "tc" } else { "xdp" };
+    Ok(pin_root()?.join(format!("{}-{}-{}{hooks}", netns_inode()?, iface.index, bpf::BUILD_ID)))
 }
 
 /// An exclusive `flock` on [`PIN_ROOT`], held while joining or leaving.
@@ -438,10 +518,15 @@ impl SharedMaps {
     }
 }
 
-/// Loads one of the AggBox objects with its maps pinned by name in `dir`.
-pub(crate) fn load_object(bytes: &[u8], dir: &Path) -> Result<aya::Ebpf> {
-    EbpfLoader::new()
-        .default_map_pin_directory(dir)
+/// Loads one of the AggBox objects with its maps pinned by name in `dir`;
+/// `tc_hooks` sets the TC programs' `aggbox_tc_hooks` (no XDP before them).
+pub(crate) fn load_object(bytes: &[u8], dir: &Path, tc_hooks: bool) -> Result<aya::Ebpf> {
+    let tc_hooks = u32::from(tc_hooks);
+    let mut loader = EbpfLoader::new();
+    loader.default_map_pin_directory(dir);
+    // Only TC ingress has it: the others load as they are.
+    loader.override_global("aggbox_tc_hooks", &tc_hooks, false);
+    loader
         .load(bytes)
         .map_err(|e| Error::Unsupported(format!("loading the AggBox BPF programs failed ({}); run `aggbox doctor`", chain(&e))))
 }
@@ -518,12 +603,39 @@ fn is_eexist(e: &(dyn std::error::Error + 'static)) -> bool {
 }
 
 /// Loads the programs, attaches them to `iface` and pins links and maps in
-/// `dir`. Returns the XDP mode it got.
-fn attach_fresh(iface: &Interface, dir: &Path) -> Result<XdpAttachMode> {
+/// `dir`. Returns the hooks it got: on the TC hooks (`tc`) the XDP object
+/// only makes the maps, its programs are neither loaded nor attached.
+fn attach_fresh(iface: &Interface, dir: &Path, tc: bool) -> Result<Hooks> {
     fs::create_dir_all(dir).map_err(|e| Error::system(format!("creating {}", dir.display()), e))?;
 
-    let mut xdp_obj = load_object(bpf::XDP_INGRESS, dir)?;
-    let xdp = load_xdp(&mut xdp_obj).map_err(|e| e.context(&iface.name))?;
+    let mut xdp_obj = load_object(bpf::XDP_INGRESS, dir, tc)?;
+    let hooks = if tc { Hooks::Tc } else { Hooks::Xdp(attach_xdp(iface, dir, &mut xdp_obj)?) };
+    for (bytes, program, attach, pin) in [
+        (bpf::TC_INGRESS, bpf::programs::TC_INGRESS, TcAttachType::Ingress, LINK_TC_INGRESS),
+        (bpf::TC_EGRESS, bpf::programs::TC_EGRESS, TcAttachType::Egress, LINK_TC_EGRESS),
+    ] {
+        let mut obj = load_object(bytes, dir, tc)?;
+        let tc: &mut SchedClassifier = obj
+            .program_mut(program)
+            .ok_or_else(|| Error::Internal(format!("{program} missing from its object")))?
+            .try_into()
+            .map_err(program_error(program.into()))?;
+        tc.load().map_err(program_error(format!("loading {program}")))?;
+        let id = tc
+            .attach(&iface.name, attach)
+            .map_err(program_error(format!("attaching {program} to {}", iface.name)))?;
+        let link = tc.take_link(id).map_err(program_error(format!("{program} link")))?;
+        let link = FdLink::try_from(link)
+            .map_err(|e| Error::Unsupported(format!("{program} link is not a bpf_link (TCX needs Linux 6.6): {e}")))?;
+        pin_link(link, dir, pin)?;
+    }
+    Ok(hooks)
+}
+
+/// Loads XDP ingress and its stages from `xdp_obj`, attaches it to `iface`
+/// (in the driver if it can) and pins its link in `dir`.
+fn attach_xdp(iface: &Interface, dir: &Path, xdp_obj: &mut aya::Ebpf) -> Result<XdpAttachMode> {
+    let xdp = load_xdp(xdp_obj).map_err(|e| e.context(&iface.name))?;
     // A link that tear_down unpinned is released by a kernel work item, not
     // at once: until it runs the interface still has that XDP program, and
     // attaching fails with EEXIST (seen when a rank killed for good left its
@@ -552,26 +664,6 @@ fn attach_fresh(iface: &Interface, dir: &Path) -> Result<XdpAttachMode> {
     let link = xdp.take_link(link_id).map_err(program_error("XDP link".into()))?;
     let link = FdLink::try_from(link).map_err(|e| Error::Unsupported(format!("XDP link is not a bpf_link: {e}")))?;
     pin_link(link, dir, if mode == XdpAttachMode::Driver { LINK_XDP_DRIVER } else { LINK_XDP_SKB })?;
-
-    for (bytes, program, attach, pin) in [
-        (bpf::TC_INGRESS, bpf::programs::TC_INGRESS, TcAttachType::Ingress, LINK_TC_INGRESS),
-        (bpf::TC_EGRESS, bpf::programs::TC_EGRESS, TcAttachType::Egress, LINK_TC_EGRESS),
-    ] {
-        let mut obj = load_object(bytes, dir)?;
-        let tc: &mut SchedClassifier = obj
-            .program_mut(program)
-            .ok_or_else(|| Error::Internal(format!("{program} missing from its object")))?
-            .try_into()
-            .map_err(program_error(program.into()))?;
-        tc.load().map_err(program_error(format!("loading {program}")))?;
-        let id = tc
-            .attach(&iface.name, attach)
-            .map_err(program_error(format!("attaching {program} to {}", iface.name)))?;
-        let link = tc.take_link(id).map_err(program_error(format!("{program} link")))?;
-        let link = FdLink::try_from(link)
-            .map_err(|e| Error::Unsupported(format!("{program} link is not a bpf_link (TCX needs Linux 6.6): {e}")))?;
-        pin_link(link, dir, pin)?;
-    }
     Ok(mode)
 }
 
@@ -586,19 +678,23 @@ pub(crate) fn tear_down(dir: &Path) {
     let _ = fs::remove_dir(dir);
 }
 
-fn existing_mode(dir: &Path) -> Option<XdpAttachMode> {
-    if dir.join(LINK_XDP_DRIVER).exists() {
-        Some(XdpAttachMode::Driver)
+/// The hooks of the attachment pinned in `dir`, if its links are there.
+fn existing_hooks(dir: &Path) -> Option<Hooks> {
+    if ![LINK_TC_INGRESS, LINK_TC_EGRESS].iter().all(|n| dir.join(n).exists()) {
+        None
+    } else if dir.join(LINK_XDP_DRIVER).exists() {
+        Some(Hooks::Xdp(XdpAttachMode::Driver))
     } else if dir.join(LINK_XDP_SKB).exists() {
-        Some(XdpAttachMode::Skb)
+        Some(Hooks::Xdp(XdpAttachMode::Skb))
+    } else if dir.to_string_lossy().ends_with("tc") {
+        Some(Hooks::Tc)
     } else {
         None
     }
 }
 
 fn complete(dir: &Path) -> bool {
-    existing_mode(dir).is_some()
-        && [LINK_TC_INGRESS, LINK_TC_EGRESS].iter().chain(names::ALL.iter()).all(|n| dir.join(n).exists())
+    existing_hooks(dir).is_some() && names::ALL.iter().all(|n| dir.join(n).exists())
 }
 
 /// Tears down the attachments of other AggBox builds on the same interface
@@ -641,7 +737,8 @@ pub struct Attachment {
     dir: PathBuf,
     iface: String,
     ipv4: u32,
-    mode: XdpAttachMode,
+    hooks: Hooks,
+    hooks_reason: &'static str,
     shared_with: usize,
     key: UserKey,
     user: UserValue,
@@ -655,7 +752,8 @@ impl Attachment {
     /// registered later, with [`Attachment::register_group`], once
     /// rendezvous has made it.
     pub fn acquire(iface: &Interface, port: u16) -> Result<Attachment> {
-        let dir = pin_dir(iface)?;
+        let (tc, hooks_reason) = HooksChoice::from_env()?.wants_tc(iface);
+        let dir = pin_dir(iface, tc)?;
         let _lock = PinLock::take()?;
 
         let mut live = 0;
@@ -667,12 +765,12 @@ impl Attachment {
             // Nobody uses what is there (or it is half made): start anew.
             tear_down(&dir);
             clear_other_builds(&dir)?;
-            if let Err(e) = attach_fresh(iface, &dir) {
+            if let Err(e) = attach_fresh(iface, &dir, tc) {
                 tear_down(&dir);
                 return Err(e);
             }
         }
-        let mode = existing_mode(&dir).ok_or_else(|| Error::Internal("XDP link pin vanished".into()))?;
+        let hooks = existing_hooks(&dir).ok_or_else(|| Error::Internal("a link pin vanished".into()))?;
         let mut maps = SharedMaps::open(&dir)?;
         let me = std::process::id();
         let key = UserKey { pid: me, port, reserved: 0 };
@@ -692,8 +790,19 @@ impl Attachment {
             }
             return Err(e);
         }
-        tracing::info!(iface = %iface.name, mode = mode.name(), shared_with = live, "AggBox programs attached");
-        Ok(Attachment { dir, iface: iface.name.clone(), ipv4, mode, shared_with: live, key, user, maps, windows: None })
+        tracing::info!(iface = %iface.name, hooks = hooks.name(), why = hooks_reason, shared_with = live, "AggBox programs attached");
+        Ok(Attachment {
+            dir,
+            iface: iface.name.clone(),
+            ipv4,
+            hooks,
+            hooks_reason,
+            shared_with: live,
+            key,
+            user,
+            maps,
+            windows: None,
+        })
     }
 
     /// Registers `group` (made by rendezvous) for this communicator's port:
@@ -727,9 +836,14 @@ impl Attachment {
         PortKey { ipv4: self.ipv4, port: self.key.port, reserved: 0 }
     }
 
-    /// The XDP mode of the attachment.
-    pub fn xdp_mode(&self) -> XdpAttachMode {
-        self.mode
+    /// The hooks of the attachment.
+    pub fn hooks(&self) -> Hooks {
+        self.hooks
+    }
+
+    /// Why this attachment is on its hooks (`AGGBOX_HOOKS`, or the device).
+    pub fn hooks_reason(&self) -> &'static str {
+        self.hooks_reason
     }
 
     /// The interface it is on.
@@ -851,8 +965,8 @@ pub struct UserStatus {
 pub struct AttachmentStatus {
     /// Its pin directory.
     pub dir: PathBuf,
-    /// The XDP mode, if its XDP link is pinned.
-    pub xdp_mode: Option<XdpAttachMode>,
+    /// Its hooks, if its links are pinned.
+    pub hooks: Option<Hooks>,
     /// The communicators using it.
     pub users: Vec<UserStatus>,
     /// Its counters.
@@ -895,7 +1009,7 @@ pub fn list_attachments() -> Result<Vec<AttachmentStatus>> {
             .map(|(key, user)| UserStatus { pid: key.pid, port: key.port, group: user.group, alive: is_alive(&key, &user) })
             .collect();
         found.push(AttachmentStatus {
-            xdp_mode: existing_mode(&dir),
+            hooks: existing_hooks(&dir),
             users,
             stats: maps.kernel_stats()?,
             broadcast: maps.broadcast_stats()?,

@@ -364,8 +364,20 @@ pub const CLAIM_SET: u32 = 2;
 pub const CALL_KNOWN: u32 = 0x8000_0000;
 
 /// Broadcast counters (`enum aggbox_bstat`), in index order.
-pub const BSTAT_NAMES: [&str; 9] =
-    ["cloned", "placed", "acks_sent", "duplicates", "acks_folded", "group_acks", "landed", "to_user", "clones_refused"];
+pub const BSTAT_NAMES: [&str; 12] = [
+    "cloned",
+    "placed",
+    "acks_sent",
+    "duplicates",
+    "acks_folded",
+    "group_acks",
+    "landed",
+    "to_user",
+    "clones_refused",
+    "superchunks",
+    "segments_refused",
+    "bad_segments",
+];
 
 /// `struct aggbox_group`.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]

@@ -712,7 +712,7 @@ impl Comm {
             && matches!(plan.fold_op, ReduceOp::Sum | ReduceOp::Min | ReduceOp::Max)
             && matches!(plan.lanes, Dtype::I32 | Dtype::U32 | Dtype::I64 | Dtype::U64)
             && plan.count > 0
-            && self.attachment.as_ref().is_some_and(|a| a.windows().is_some());
+            && self.attachment.as_ref().is_some_and(|a| a.hooks().has_xdp() && a.windows().is_some());
         let result = if plan.count == 0 {
             Ok(())
         } else if plan.ranks == 1 {
@@ -809,7 +809,9 @@ impl Comm {
     /// else `plan` itself.
     fn red_arm_next(&self, plan: &Plan) {
         let next = plan.seq.wrapping_add(1);
-        let Some(windows) = self.attachment.as_ref().and_then(|a| a.windows()) else { return };
+        let Some(windows) = self.attachment.as_ref().filter(|a| a.hooks().has_xdp()).and_then(|a| a.windows()) else {
+            return;
+        };
         if self.datapath() != Datapath::Kernel || next == 0 {
             return;
         }

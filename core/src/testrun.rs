@@ -73,6 +73,8 @@ pub mod tc {
     pub const OK: u32 = 0;
     /// `TC_ACT_SHOT`.
     pub const SHOT: u32 = 2;
+    /// `TC_ACT_REDIRECT` (what `bpf_redirect` returns).
+    pub const REDIRECT: u32 = 7;
 }
 
 /// Runs `prog` once on `frame`.
@@ -83,7 +85,56 @@ pub fn test_run(prog: BorrowedFd<'_>, frame: &[u8]) -> Result<TestRun> {
 /// Runs `prog` `repeat` times on `frame`; also returns the kernel's mean
 /// time of one run, in ns (its `duration`).
 pub fn test_run_timed(prog: BorrowedFd<'_>, frame: &[u8], repeat: u32) -> Result<(TestRun, u32)> {
+    run_raw(prog, frame, repeat, None)
+}
+
+/// The fields of `struct __sk_buff` a TC test run may set, at their offsets
+/// (`linux/bpf.h`; the kernel refuses a context with any other field set).
+#[repr(C)]
+#[derive(Clone, Copy)]
+struct SkbContext {
+    _before: [u8; SKB_GSO_SEGS],
+    gso_segs: u32,
+    _between: [u8; SKB_GSO_SIZE - SKB_GSO_SEGS - 4],
+    gso_size: u32,
+    _after: [u8; SKB_CONTEXT_LEN - SKB_GSO_SIZE - 4],
+}
+
+/// `sizeof(struct __sk_buff)`, and the offsets of `gso_segs` and `gso_size`.
+const SKB_CONTEXT_LEN: usize = 192;
+const SKB_GSO_SEGS: usize = 164;
+const SKB_GSO_SIZE: usize = 176;
+
+/// What a TC test run of a GSO skb gave back.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct GsoRun {
+    /// The verdict and the frame the program left.
+    pub run: TestRun,
+    /// `skb->gso_segs` after the run (0 once a helper reset GSO).
+    pub gso_segs: u32,
+}
+
+/// Runs TC program `prog` once on `frame` as one GSO skb of `gso_segs`
+/// segments of `gso_size` bytes (UDP payload): a super-packet as veth and a
+/// bridge deliver it.
+pub fn test_run_gso(prog: BorrowedFd<'_>, frame: &[u8], gso_segs: u32, gso_size: u32) -> Result<GsoRun> {
+    let mut ctx = SkbContext {
+        _before: [0; SKB_GSO_SEGS],
+        gso_segs,
+        _between: [0; SKB_GSO_SIZE - SKB_GSO_SEGS - 4],
+        gso_size,
+        _after: [0; SKB_CONTEXT_LEN - SKB_GSO_SIZE - 4],
+    };
+    let (run, _) = run_raw(prog, frame, 1, Some(&mut ctx))?;
+    Ok(GsoRun { run, gso_segs: ctx.gso_segs })
+}
+
+fn run_raw(prog: BorrowedFd<'_>, frame: &[u8], repeat: u32, ctx: Option<&mut SkbContext>) -> Result<(TestRun, u32)> {
     let mut out = vec![0u8; frame.len() + 512];
+    let (ctx_size, ctx_ptr) = match ctx {
+        Some(ctx) => (std::mem::size_of::<SkbContext>() as u32, ctx as *mut SkbContext as u64),
+        None => (0, 0),
+    };
     let mut attr = TestRunAttr {
         prog_fd: prog.as_raw_fd() as u32,
         data_size_in: frame.len() as u32,
@@ -91,9 +142,14 @@ pub fn test_run_timed(prog: BorrowedFd<'_>, frame: &[u8], repeat: u32) -> Result
         data_in: frame.as_ptr() as u64,
         data_out: out.as_mut_ptr() as u64,
         repeat: repeat.max(1),
+        ctx_size_in: ctx_size,
+        ctx_size_out: ctx_size,
+        ctx_in: ctx_ptr,
+        ctx_out: ctx_ptr,
         ..TestRunAttr::default()
     };
-    // SAFETY: attr points at valid in/out buffers of the sizes it gives.
+    // SAFETY: attr points at valid in/out buffers of the sizes it gives
+    // (the context is read and written in place).
     let rc = unsafe {
         libc::syscall(
             libc::SYS_bpf,
@@ -124,6 +180,17 @@ impl Harness {
     /// As [`Harness::new`], with XDP ingress from the object `xdp` (one
     /// built from `ebpf/xdp_ingress.bpf.c`, e.g. [`bpf::XDP_INGRESS_ATOMICS`]).
     pub fn with_xdp(xdp: &[u8]) -> Result<Harness> {
+        Harness::load(xdp, false)
+    }
+
+    /// The programs as the TC hooks load them (`aggbox_tc_hooks` set: TC
+    /// ingress is the first program a datagram meets). XDP ingress is
+    /// loaded too, but an attachment on the TC hooks never attaches it.
+    pub fn tc_hooks() -> Result<Harness> {
+        Harness::load(bpf::XDP_INGRESS, true)
+    }
+
+    fn load(xdp: &[u8], tc_hooks: bool) -> Result<Harness> {
         static NEXT: AtomicU32 = AtomicU32::new(0);
         let dir: PathBuf = loader::bpffs_root()?.join(format!(
             "aggbox-testrun-{}-{}",
@@ -134,7 +201,7 @@ impl Harness {
         let result = (|| {
             let mut objects = Vec::new();
             for bytes in [xdp, bpf::TC_INGRESS, bpf::TC_EGRESS] {
-                objects.push(loader::load_object(bytes, &dir)?);
+                objects.push(loader::load_object(bytes, &dir, tc_hooks)?);
             }
             let load = |e: aya::programs::ProgramError| Error::Unsupported(format!("loading: {e}"));
             loader::load_xdp(&mut objects[0])?;
@@ -192,6 +259,11 @@ impl Harness {
     /// Runs `prog` on `frame`.
     pub fn run(&self, prog: Prog, frame: &[u8]) -> Result<TestRun> {
         test_run(self.prog_fd(prog)?, frame)
+    }
+
+    /// Runs TC program `prog` on `frame` as one GSO skb (see [`test_run_gso`]).
+    pub fn run_gso(&self, prog: Prog, frame: &[u8], gso_segs: u32, gso_size: u32) -> Result<GsoRun> {
+        test_run_gso(self.prog_fd(prog)?, frame, gso_segs, gso_size)
     }
 
     /// The fd of loaded program `prog`, for [`test_run_timed`] (e.g. from

@@ -11,6 +11,16 @@
 //! ([`Transport::recv_batch`], [`Transport::datagram`]). The message and
 //! I/O-vector arrays of both live in the transport and are reused: a batch
 //! allocates nothing.
+//!
+//! A flush sends a run of consecutive queued datagrams to one destination
+//! whose headers differ only in a chunk number that counts on, all of one
+//! size (the last may be shorter), as one UDP GSO super-packet
+//! (`UDP_SEGMENT`): one skb through the sender's stack, its TC egress and,
+//! where nothing segments it (veth, bridges), all the way to the
+//! receiver's TC ingress, which walks it segment by segment. Every segment
+//! is a whole AggBox datagram, so wherever something does segment it the
+//! receiver still gets valid datagrams. `AGGBOX_GSO=0` turns it off; a
+//! kernel or route that refuses it turns it off for the socket.
 
 use std::{
     cell::Cell,
@@ -36,13 +46,55 @@ pub const RECV_SLOT: usize = HDR_LEN + CHUNK_MAX;
 
 /// Datagrams queued for one `sendmmsg`: each a header, a payload (a range
 /// of the source slice given to [`Transport::flush`]) and a destination.
+/// A message sends one datagram, or a run of them as one super-packet: its
+/// I/O vector is their iovecs, which lie back to back in `iov`.
 struct SendBatch {
     headers: [[u8; HDR_LEN]; BATCH],
     payloads: [(usize, usize); BATCH],
     dests: [libc::sockaddr_in; BATCH],
     iov: [[libc::iovec; 2]; BATCH],
     msgs: [libc::mmsghdr; BATCH],
+    /// The `UDP_SEGMENT` control message of each super-packet message.
+    cmsgs: [SegmentCmsg; BATCH],
+    /// How many datagrams each message carries.
+    segments: [usize; BATCH],
     len: usize,
+}
+
+/// `SOL_UDP`, `UDP_SEGMENT` (linux/udp.h; the segment size is a u16).
+const SOL_UDP: libc::c_int = 17;
+const UDP_SEGMENT: libc::c_int = 103;
+
+/// Most datagrams in one super-packet (the kernel's `UDP_MAX_SEGMENTS` is
+/// at least this).
+pub const GSO_MAX_SEGMENTS: usize = 64;
+
+/// Most UDP payload bytes of one super-packet (an IPv4 datagram's).
+pub const GSO_MAX_BYTES: usize = 65_507;
+
+/// One `cmsghdr` with a u16 of data, padded as `CMSG_SPACE(2)`.
+#[repr(C, align(8))]
+#[derive(Clone, Copy)]
+struct SegmentCmsg {
+    bytes: [u8; SEGMENT_CMSG_SPACE],
+}
+
+/// `CMSG_SPACE(sizeof(u16))` on 64-bit Linux.
+const SEGMENT_CMSG_SPACE: usize = 24;
+
+impl SegmentCmsg {
+    /// Fills it as `UDP_SEGMENT` of `size` bytes; returns its length.
+    fn set(&mut self, size: u16) -> usize {
+        // SAFETY: CMSG_LEN/CMSG_SPACE are pure arithmetic.
+        let (len, space) = unsafe { (libc::CMSG_LEN(2) as usize, libc::CMSG_SPACE(2) as usize) };
+        debug_assert_eq!(space, SEGMENT_CMSG_SPACE);
+        let header = libc::cmsghdr { cmsg_len: len as _, cmsg_level: SOL_UDP, cmsg_type: UDP_SEGMENT };
+        let header_len = std::mem::size_of::<libc::cmsghdr>();
+        // SAFETY: `bytes` is 8-aligned and holds a cmsghdr and 2 bytes of data.
+        unsafe { std::ptr::write(self.bytes.as_mut_ptr().cast::<libc::cmsghdr>(), header) };
+        self.bytes[header_len..header_len + 2].copy_from_slice(&size.to_ne_bytes());
+        space
+    }
 }
 
 impl RecvBatch {
@@ -139,6 +191,16 @@ pub struct Transport {
     syscalls: Cell<u64>,
     /// Times the owner slept waiting for the socket (`wait_readable`).
     waits: Cell<u64>,
+    /// Whether flushes send runs of datagrams as UDP GSO super-packets.
+    gso: bool,
+    /// Super-packets sent, and the datagrams they carried.
+    gso_sends: Cell<u64>,
+    gso_segments: Cell<u64>,
+}
+
+/// Whether `AGGBOX_GSO` leaves UDP GSO on (unset, or anything but `0`).
+fn gso_wanted() -> bool {
+    std::env::var("AGGBOX_GSO").map_or(true, |v| v.trim() != "0")
 }
 
 impl Transport {
@@ -185,6 +247,8 @@ impl Transport {
             dests: zeroed(),
             iov: zeroed(),
             msgs: zeroed(),
+            cmsgs: [SegmentCmsg { bytes: [0; SEGMENT_CMSG_SPACE] }; BATCH],
+            segments: [0; BATCH],
             len: 0,
         });
         let mut rx = Box::new(RecvBatch {
@@ -195,7 +259,17 @@ impl Transport {
             filled: 0,
         });
         rx.point_at_slots();
-        Ok(Transport { socket, local, tx, rx, syscalls: Cell::new(0), waits: Cell::new(0) })
+        Ok(Transport {
+            socket,
+            local,
+            tx,
+            rx,
+            syscalls: Cell::new(0),
+            waits: Cell::new(0),
+            gso: gso_wanted(),
+            gso_sends: Cell::new(0),
+            gso_segments: Cell::new(0),
+        })
     }
 
     /// The bound address.
@@ -207,6 +281,11 @@ impl Transport {
     /// or the deadline): how often it was woken by its socket.
     pub fn waits(&self) -> u64 {
         self.waits.get()
+    }
+
+    /// UDP GSO super-packets sent so far, and the datagrams they carried.
+    pub fn gso_sends(&self) -> (u64, u64) {
+        (self.gso_sends.get(), self.gso_segments.get())
     }
 
     /// System calls made on the socket so far.
@@ -299,22 +378,28 @@ impl Transport {
         if count == 0 {
             return Ok(0);
         }
-        self.prepare_send(count, source)?;
+        let messages = self.prepare_send(count, source)?;
         let mut sent = 0;
         let mut stalled_since: Option<Instant> = None;
-        while sent < count {
+        while sent < messages {
             self.count_syscall();
-            // SAFETY: `msgs[sent..count]` were just made to point at live
-            // headers, addresses and `source` (prepare_send).
+            // SAFETY: `msgs[sent..messages]` were just made to point at live
+            // headers, addresses, control messages and `source` (prepare_send).
             let rc = unsafe {
                 libc::sendmmsg(
                     self.socket.as_raw_fd(),
-                    self.tx.msgs[sent..count].as_mut_ptr(),
-                    (count - sent) as libc::c_uint,
+                    self.tx.msgs[sent..messages].as_mut_ptr(),
+                    (messages - sent) as libc::c_uint,
                     0,
                 )
             };
             if rc >= 0 {
+                for m in sent..sent + rc as usize {
+                    if self.tx.segments[m] > 1 {
+                        self.gso_sends.set(self.gso_sends.get() + 1);
+                        self.gso_segments.set(self.gso_segments.get() + self.tx.segments[m] as u64);
+                    }
+                }
                 sent += rc as usize;
                 stalled_since = None;
                 continue;
@@ -330,15 +415,59 @@ impl Transport {
                 }
                 // An ICMP error of an earlier datagram: not this batch's.
                 io::ErrorKind::Interrupted | io::ErrorKind::ConnectionRefused => {}
-                _ => return Err(Error::system(format!("sendmmsg of {} datagrams", count - sent), err)),
+                // The kernel or the route refuses UDP GSO (no checksum
+                // offload, IPsec): send the rest, and everything after, one
+                // datagram per message.
+                _ if self.gso && self.tx.segments[sent] > 1 && matches!(err.raw_os_error(), Some(libc::EIO | libc::EINVAL)) => {
+                    tracing::info!(error = %err, "UDP GSO refused; sending datagrams one by one");
+                    self.gso = false;
+                    let done: usize = self.tx.segments[..sent].iter().sum();
+                    self.move_unsent_down(done, count);
+                    return Ok(done + self.flush(source)?);
+                }
+                _ => return Err(Error::system(format!("sendmmsg of {} messages", messages - sent), err)),
             }
         }
         Ok(count)
     }
 
-    /// Points the message headers of the first `count` queued datagrams at
-    /// their header, payload and address.
-    fn prepare_send(&mut self, count: usize, source: &[u8]) -> Result<()> {
+    /// Makes the queued datagrams `done..count` the whole queue again.
+    fn move_unsent_down(&mut self, done: usize, count: usize) {
+        let tx = &mut *self.tx;
+        tx.headers.copy_within(done..count, 0);
+        tx.payloads.copy_within(done..count, 0);
+        tx.dests.copy_within(done..count, 0);
+        tx.len = count - done;
+    }
+
+    /// Whether queued datagram `k` can follow datagram `first` (`n`
+    /// datagrams after it so far) in one super-packet of `size`-byte
+    /// segments: the same destination, the same header but for a chunk
+    /// number `n` further on, and a payload of the same size (or, ending
+    /// the run, a shorter one).
+    fn continues_run(&self, first: usize, k: usize, size: usize, bytes: usize) -> bool {
+        let tx = &*self.tx;
+        const CHUNK: Range<usize> = 28..32;
+        let (a, b) = (&tx.headers[first], &tx.headers[k]);
+        let (start, end) = tx.payloads[k];
+        let len = HDR_LEN + (end - start);
+        let chunk = |h: &[u8; HDR_LEN]| u32::from_le_bytes(h[CHUNK].try_into().expect("4 bytes"));
+        let (da, db) = (&tx.dests[first], &tx.dests[k]);
+        end > start
+            && len <= size
+            && bytes + len <= GSO_MAX_BYTES
+            && k - first < GSO_MAX_SEGMENTS
+            && da.sin_addr.s_addr == db.sin_addr.s_addr
+            && da.sin_port == db.sin_port
+            && a[..CHUNK.start] == b[..CHUNK.start]
+            && a[CHUNK.end..] == b[CHUNK.end..]
+            && chunk(b) == chunk(a).wrapping_add((k - first) as u32)
+    }
+
+    /// Points a message header at each datagram of the first `count`
+    /// queued, or at each run of them that makes one super-packet; returns
+    /// how many messages.
+    fn prepare_send(&mut self, count: usize, source: &[u8]) -> Result<usize> {
         let tx = &mut *self.tx;
         for i in 0..count {
             let (start, end) = tx.payloads[i];
@@ -350,15 +479,45 @@ impl Transport {
                 // The kernel only reads through it (sendmmsg).
                 libc::iovec { iov_base: payload.as_ptr().cast_mut().cast(), iov_len: payload.len() },
             ];
-            let msg = &mut tx.msgs[i];
+        }
+        let mut messages = 0;
+        let mut i = 0;
+        while i < count {
+            let (start, end) = self.tx.payloads[i];
+            let size = HDR_LEN + (end - start);
+            let mut bytes = size;
+            let mut j = i + 1;
+            if self.gso && end > start {
+                while j < count && self.continues_run(i, j, size, bytes) {
+                    let (s, e) = self.tx.payloads[j];
+                    bytes += HDR_LEN + (e - s);
+                    j += 1;
+                    if HDR_LEN + (e - s) < size {
+                        break; // a shorter segment ends the run
+                    }
+                }
+            }
+            let tx = &mut *self.tx;
+            let msg = &mut tx.msgs[messages];
             msg.msg_hdr = zeroed();
             msg.msg_hdr.msg_name = (&raw mut tx.dests[i]).cast();
             msg.msg_hdr.msg_namelen = std::mem::size_of::<libc::sockaddr_in>() as libc::socklen_t;
             msg.msg_hdr.msg_iov = tx.iov[i].as_mut_ptr();
-            msg.msg_hdr.msg_iovlen = if payload.is_empty() { 1 } else { 2 };
+            if j - i > 1 {
+                // Every datagram of the run has both iovecs, back to back.
+                msg.msg_hdr.msg_iovlen = 2 * (j - i);
+                let len = tx.cmsgs[messages].set(size as u16);
+                msg.msg_hdr.msg_control = tx.cmsgs[messages].bytes.as_mut_ptr().cast();
+                msg.msg_hdr.msg_controllen = len as _;
+            } else {
+                msg.msg_hdr.msg_iovlen = if end == start { 1 } else { 2 };
+            }
             msg.msg_len = 0;
+            tx.segments[messages] = j - i;
+            messages += 1;
+            i = j;
         }
-        Ok(())
+        Ok(messages)
     }
 
     /// Receives up to [`BATCH`] datagrams already queued on the socket with
@@ -531,5 +690,70 @@ mod tests {
         assert!(datagram.truncated);
         assert_eq!(datagram.bytes.len(), RECV_SLOT);
         assert_eq!(b.recv_batch().unwrap(), 0, "nothing more");
+    }
+
+    /// Runs of equal datagrams to one destination leave as super-packets
+    /// and arrive as the datagrams they are made of, in order; anything
+    /// that breaks a run (another destination, a header that differs, a
+    /// chunk out of line, a shorter payload, an empty one) starts a new one.
+    #[test]
+    fn runs_of_datagrams_leave_as_udp_gso_super_packets() {
+        let mut a = Transport::bind(Ipv4Addr::LOCALHOST, 0).unwrap();
+        let mut b = Transport::bind(Ipv4Addr::LOCALHOST, 0).unwrap();
+        let mut c = Transport::bind(Ipv4Addr::LOCALHOST, 0).unwrap();
+        let source: Vec<u8> = (0..4096u32).map(|i| (i * 13 + 5) as u8).collect();
+        let mut header = Header::new(crate::wire::Kind::BcastData, 1, 2, 0, 3);
+        // (chunk, payload, to c instead of b, retransmit flag)
+        let plan: Vec<(u32, Range<usize>, bool, bool)> = vec![
+            (0, 0..100, false, false),
+            (1, 100..200, false, false),
+            (2, 200..300, false, false),
+            (3, 300..340, false, false), // shorter: ends the run
+            (4, 400..500, false, false),
+            (5, 500..600, true, false),  // another destination
+            (6, 600..700, false, false),
+            (7, 700..800, false, true),  // another header
+            (9, 900..1000, false, false), // out of line
+            (10, 0..0, false, false),    // header only
+            (11, 1100..1200, false, false),
+            (12, 1200..1300, false, false),
+        ];
+        for (chunk, payload, to_c, retransmit) in &plan {
+            header.chunk = *chunk;
+            header.flags = if *retransmit { crate::wire::FLAG_RETRANSMIT } else { 0 };
+            a.queue(&header, payload.clone(), if *to_c { c.local_addr() } else { b.local_addr() });
+        }
+        assert_eq!(a.flush(&source).unwrap(), plan.len());
+        let to_b = plan.iter().filter(|p| !p.2).count();
+        let got = drain(&mut b, to_b);
+        let want: Vec<(u32, Vec<u8>)> =
+            plan.iter().filter(|p| !p.2).map(|(chunk, payload, _, _)| (*chunk, source[payload.clone()].to_vec())).collect();
+        assert_eq!(got, want, "every datagram, whole and in order");
+        assert_eq!(drain(&mut c, 1), vec![(5, source[500..600].to_vec())]);
+        // Runs: 0..=3, then 11..=12; the rest alone.
+        assert_eq!(a.gso_sends(), (2, 6));
+    }
+
+    /// A full batch of 1472-byte datagrams to one destination: super-packets
+    /// of at most GSO_MAX_BYTES.
+    #[test]
+    fn a_batch_of_full_datagrams_splits_at_the_size_of_an_ip_datagram() {
+        let mut a = Transport::bind(Ipv4Addr::LOCALHOST, 0).unwrap();
+        let mut b = Transport::bind(Ipv4Addr::LOCALHOST, 0).unwrap();
+        let chunk = 1432;
+        let source: Vec<u8> = (0..BATCH * chunk).map(|i| (i % 251) as u8).collect();
+        let mut header = Header::new(crate::wire::Kind::BcastData, 1, 2, 0, 3);
+        for i in 0..BATCH {
+            header.chunk = i as u32;
+            a.queue(&header, i * chunk..(i + 1) * chunk, b.local_addr());
+        }
+        assert_eq!(a.flush(&source).unwrap(), BATCH);
+        let per = GSO_MAX_BYTES / (HDR_LEN + chunk);
+        assert_eq!(a.gso_sends(), (BATCH.div_ceil(per) as u64, BATCH as u64));
+        let got = drain(&mut b, BATCH);
+        assert_eq!(got.len(), BATCH);
+        for (i, (c, payload)) in got.iter().enumerate() {
+            assert_eq!((*c as usize, payload.as_slice()), (i, &source[i * chunk..(i + 1) * chunk]));
+        }
     }
 }

@@ -30,6 +30,9 @@ pub const FLAG_NOTIFY: u16 = 0x0020;
 /// `AGREE_VALUE`: an answer to a rank that lags behind (it is not answered
 /// in turn).
 pub const FLAG_ANSWER: u16 = 0x0040;
+/// `AGGBOX_FLAG_RANGE`: a BCAST_ACK that acknowledges chunks `[chunk,
+/// chunk + count)`, a super-chunk TC ingress placed whole.
+pub const FLAG_RANGE: u16 = 0x0080;
 /// Bytes of [`AgreeBody`] after the header.
 pub const AGREE_BODY_LEN: usize = 16;
 
@@ -294,6 +297,7 @@ mod tests {
                 "AGGBOX_FLAG_MISMATCH",
                 "AGGBOX_FLAG_ANSWERED",
                 "AGGBOX_FLAG_NOTIFY",
+                "AGGBOX_FLAG_RANGE",
                 "AGGBOX_CHUNK_MAX",
             ]
             .map(String::from),
@@ -361,6 +365,7 @@ mod tests {
             FLAG_MISMATCH as u64,
             FLAG_ANSWERED as u64,
             FLAG_NOTIFY as u64,
+            FLAG_RANGE as u64,
             CHUNK_MAX as u64,
             Kind::BarrierArrive as u64,
             Kind::BarrierRelease as u64,

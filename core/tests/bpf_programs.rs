@@ -1145,3 +1145,220 @@ fn concurrent_folds_end_exact_with_one_notice() {
     let total = (frames.len() as u32 * REPEAT) as u64;
     assert_eq!(s("folded") + s("quorums") + s("duplicates") + s("contended") + s("forged"), total, "{:?}", astats(&h));
 }
+
+// ---- The TC hooks: TC ingress first, super-chunks -------------------------------------
+
+const FLAG_ANSWERED: u16 = 0x0010;
+const FLAG_RANGE: u16 = 0x0080;
+/// A small chunk, so that a super-chunk of several fits a test run (one page).
+const SMALL: usize = 200;
+
+fn tc_harness() -> (Harness, aggbox_core::window::Windows) {
+    let mut h = Harness::tc_hooks().expect("load the AggBox programs on the TC hooks (run as root)");
+    let windows = h.register_with_windows(LOCAL_IP, LOCAL_PORT, &group(), CTL).unwrap();
+    (h, windows)
+}
+
+/// Arms broadcast 4 from rank 1: `nchunks` chunks of SMALL bytes, the last
+/// of `last` bytes, every chunk landed before the process is told.
+fn arm_small(windows: &aggbox_core::window::Windows, nchunks: u32, last: u32) -> u32 {
+    let total = (nchunks - 1) * SMALL as u32 + last;
+    // SAFETY: the test owns this control block; nothing else runs on it.
+    unsafe {
+        windows.ctl().write(rx_ctl(RxCtl {
+            seq: 4,
+            root: 1,
+            rank: 0,
+            nchunks,
+            target: nchunks,
+            claim: aggbox_core::maps::CLAIM_SET,
+            count: total,
+            dtype: 0,
+            chunk_bytes: SMALL as u32,
+            last_bytes: last,
+            credit: RX_WINDOW,
+            ..RxCtl::default()
+        }));
+    }
+    total
+}
+
+/// The payload byte `i` of chunk `chunk`: a plain function of both.
+fn byte_of(chunk: u32, i: usize) -> u8 {
+    (chunk as usize * 31 + i * 7 + 1) as u8
+}
+
+/// Chunks `first..first + lens.len()` of broadcast 4 (`total` bytes in
+/// `nchunks` chunks) as one UDP GSO super-packet: each segment a whole
+/// datagram, header and payload, of `lens[i]` payload bytes.
+fn super_chunk(first: u32, lens: &[usize], nchunks: u32, total: u32) -> Vec<u8> {
+    let mut payload = Vec::new();
+    for (i, &len) in lens.iter().enumerate() {
+        let chunk = first + i as u32;
+        payload.extend_from_slice(&bcast_header(BCAST_DATA, 1, 4, chunk, nchunks, total));
+        payload.extend((0..len).map(|b| byte_of(chunk, b)));
+    }
+    inbound(&payload)
+}
+
+fn placed_ok(windows: &aggbox_core::window::Windows, chunk: u32, len: usize) -> bool {
+    let tag = windows.rx_tag(4, chunk).load(std::sync::atomic::Ordering::Acquire);
+    let mut placed = vec![0u8; len];
+    windows.copy_rx(4, chunk, &mut placed);
+    tag == (4u64 << 32 | u64::from(chunk)) && placed.iter().enumerate().all(|(i, &b)| b == byte_of(chunk, i))
+}
+
+fn hdr_u32(frame: &[u8], at: usize) -> u32 {
+    u32::from_le_bytes(frame[42 + at..42 + at + 4].try_into().unwrap())
+}
+
+#[test]
+fn tc_places_a_super_chunk_and_answers_it_with_one_range_ack() {
+    let (h, windows) = tc_harness();
+    let total = arm_small(&windows, 8, 77);
+    let stride = (40 + SMALL) as u32;
+
+    // Chunks 0..4 in one skb of four segments: placed, one ACK back out.
+    let frame = super_chunk(0, &[SMALL; 4], 8, total);
+    let out = h.run_gso(Prog::TcIngress, &frame, 4, stride).unwrap();
+    assert_eq!(out.run.retval, tc::REDIRECT, "answered from TC");
+    assert_eq!(out.gso_segs, 0, "the reply is one plain datagram");
+    let ack = &out.run.frame;
+    assert_eq!(ack.len(), 14 + 20 + 8 + 40, "payload cut off");
+    assert_eq!(&ack[0..6], &frame[6..12], "back to the sender's MAC");
+    assert_eq!(&ack[14 + 12..14 + 16], &LOCAL_IP.octets(), "from us");
+    assert_eq!(&ack[14 + 16..14 + 20], &PEER_IP.octets(), "to the root");
+    assert!(ipv4_checksum_ok(&ack[14..34]), "IPv4 checksum");
+    assert_eq!(u16::from_be_bytes([ack[38], ack[39]]), 8 + 40, "UDP length");
+    assert_eq!(kind_of(ack), BCAST_ACK);
+    assert_eq!(flags_of(ack), FLAG_RANGE);
+    assert_eq!((hdr_u32(ack, 28), hdr_u32(ack, 36)), (0, 4), "chunks 0..4");
+    assert_eq!(u16::from_le_bytes([ack[42 + 12], ack[42 + 13]]), 0, "sender: our rank");
+    for chunk in 0..4 {
+        assert!(placed_ok(&windows, chunk, SMALL), "chunk {chunk}");
+    }
+    assert!(!placed_ok(&windows, 4, SMALL), "nothing beyond the super-chunk");
+    assert_eq!((bstat(&h, "placed"), bstat(&h, "superchunks"), bstat(&h, "acks_sent")), (4, 1, 1));
+
+    // The same again (its ACK was lost): ACKed again, nothing counted twice.
+    let out = h.run_gso(Prog::TcIngress, &frame, 4, stride).unwrap();
+    assert_eq!(out.run.retval, tc::REDIRECT);
+    assert_eq!((hdr_u32(&out.run.frame, 28), hdr_u32(&out.run.frame, 36)), (0, 4));
+    assert_eq!((bstat(&h, "placed"), bstat(&h, "duplicates")), (4, 4));
+
+    // Chunks 4..8, the last one short: the broadcast is complete, so the
+    // skb goes up as the landed notice (its ACK went out as a copy).
+    let frame = super_chunk(4, &[SMALL, SMALL, SMALL, 77], 8, total);
+    let out = h.run_gso(Prog::TcIngress, &frame, 4, stride).unwrap();
+    assert_eq!(out.run.retval, tc::OK, "the notice goes up");
+    let notice = &out.run.frame;
+    assert_eq!(kind_of(notice), BCAST_LANDED);
+    assert_eq!(flags_of(notice), FLAG_ANSWERED, "its ACK is sent");
+    assert_eq!((hdr_u32(notice, 28), hdr_u32(notice, 36)), (7, 8), "up to chunk 7; 8 landed");
+    assert!(ipv4_checksum_ok(&notice[14..34]));
+    for chunk in 4..7 {
+        assert!(placed_ok(&windows, chunk, SMALL), "chunk {chunk}");
+    }
+    assert!(placed_ok(&windows, 7, 77), "the short last chunk");
+    assert_eq!((bstat(&h, "placed"), bstat(&h, "landed")), (8, 1));
+
+    // A plain datagram (no GSO) is a walk of one segment.
+    let total = arm_small(&windows, 2, 10);
+    let one = super_chunk(1, &[10], 2, total);
+    let out = h.run_gso(Prog::TcIngress, &one, 0, 0).unwrap();
+    assert_eq!(out.run.retval, tc::REDIRECT);
+    assert_eq!(flags_of(&out.run.frame), 0, "one chunk: no range");
+    assert_eq!(hdr_u32(&out.run.frame, 28), 1);
+    assert!(placed_ok(&windows, 1, 10));
+}
+
+#[test]
+fn tc_drops_and_counts_a_super_chunk_that_disagrees_with_itself() {
+    let (h, windows) = tc_harness();
+    let total = arm_small(&windows, 8, 77);
+    let stride = (40 + SMALL) as u32;
+    let good = super_chunk(0, &[SMALL; 4], 8, total);
+    let header_at = |seg: usize| 42 + seg * stride as usize;
+
+    let mut wrong_chunk = good.clone();
+    wrong_chunk[header_at(2) + 28..header_at(2) + 32].copy_from_slice(&7u32.to_le_bytes());
+    let mut wrong_seq = good.clone();
+    wrong_seq[header_at(3) + 24..header_at(3) + 28].copy_from_slice(&5u32.to_le_bytes());
+    let mut wrong_kind = good.clone();
+    wrong_kind[header_at(1) + 5] = BCAST_ACK;
+    // The UDP length disagrees with the skb's.
+    let mut wrong_udp_len = good.clone();
+    wrong_udp_len[38..40].copy_from_slice(&100u16.to_be_bytes());
+    // A short segment that is not the broadcast's last chunk.
+    let short_not_last = super_chunk(0, &[SMALL, SMALL, 50], 8, total);
+    let cases: Vec<(&str, Vec<u8>, u32, u32)> = vec![
+        ("a segment's chunk out of line", wrong_chunk, 4, stride),
+        ("a segment of another broadcast", wrong_seq, 4, stride),
+        ("a segment of another kind", wrong_kind, 4, stride),
+        ("UDP length and skb disagree", wrong_udp_len, 4, stride),
+        ("stride is not header + chunk", good.clone(), 4, stride + 8),
+        ("more segments than the skb holds", good.clone(), 6, stride),
+        ("fewer segments than the skb holds", good.clone(), 3, stride),
+        ("a stride smaller than a header", good.clone(), 4, 20),
+        ("a short segment that is not the last chunk", short_not_last, 3, stride),
+    ];
+    for (i, (case, frame, segs, size)) in cases.iter().enumerate() {
+        let out = h.run_gso(Prog::TcIngress, frame, *segs, *size).unwrap();
+        assert_eq!(out.run.retval, tc::SHOT, "{case}");
+        assert_eq!(bstat(&h, "bad_segments"), i as u64 + 1, "{case}: counted");
+        assert_eq!(bstat(&h, "placed"), 0, "{case}: nothing placed");
+        for chunk in 0..8 {
+            assert_eq!(windows.rx_tag(4, chunk).load(std::sync::atomic::Ordering::Acquire), 0, "{case}: slot {chunk} untouched");
+        }
+    }
+    // What the kernel was not armed for goes up whole: user space places it.
+    let other = {
+        let mut f = good.clone();
+        for seg in 0..4 {
+            f[header_at(seg) + 24..header_at(seg) + 28].copy_from_slice(&5u32.to_le_bytes());
+        }
+        f
+    };
+    assert_eq!(h.run_gso(Prog::TcIngress, &other, 4, stride).unwrap().run.retval, tc::OK);
+    assert_eq!(bstat(&h, "to_user"), 1);
+    // A landed notice arriving from the network is never genuine.
+    let landed = inbound(&bcast_header(BCAST_LANDED, 1, 4, 0, 8, total));
+    assert_eq!(h.run(Prog::TcIngress, &landed).unwrap().retval, tc::SHOT);
+}
+
+#[test]
+fn tc_folds_range_acks_at_the_root_and_lets_one_group_ack_up() {
+    let mut h = Harness::tc_hooks().unwrap();
+    let mut g = group();
+    g.peers.push(PeerInfo { rank: 2, ipv4: STRANGER_IP, mac: [2, 0, 0, 0, 0, 3], port: PEER_PORT, datapath: Datapath::Kernel, mtu: 1500 });
+    let windows = h.register_with_windows(LOCAL_IP, LOCAL_PORT, &g, CTL).unwrap();
+    // SAFETY: the test owns this control block and its slots.
+    unsafe {
+        windows.ctl().write(Ctl { tx_seq: 9, tx_nchunks: 3, tx_receivers: 2, ..Ctl::default() });
+        for chunk in 0..3 {
+            (*windows.tx_slot(chunk)).tag = 9u64 << 32 | u64::from(chunk);
+        }
+    }
+    let range_ack = |rank: u16, ip: Ipv4Addr, first: u32, n: u32| {
+        let mut hdr = bcast_header(BCAST_ACK, rank, 9, first, 3, n);
+        hdr[6..8].copy_from_slice(&FLAG_RANGE.to_le_bytes());
+        udp(ip, PEER_PORT, LOCAL_IP, LOCAL_PORT, &hdr)
+    };
+    assert_eq!(h.run(Prog::TcIngress, &range_ack(1, PEER_IP, 0, 3)).unwrap().retval, tc::SHOT, "folded");
+    assert_eq!(h.run(Prog::TcIngress, &range_ack(2, STRANGER_IP, 0, 2)).unwrap().retval, tc::SHOT, "folded");
+    assert_eq!(bstat(&h, "acks_folded"), 5);
+    // Rank 2's last chunk completes the broadcast: one group-ACK up.
+    let last = h.run(Prog::TcIngress, &range_ack(2, STRANGER_IP, 2, 1)).unwrap();
+    assert_eq!(last.retval, tc::OK, "the group-ACK goes up");
+    assert_eq!(kind_of(&last.frame), BCAST_ACK);
+    assert_eq!(flags_of(&last.frame), FLAG_GROUP);
+    assert_eq!(hdr_u32(&last.frame, 36), 3, "three chunks held by all");
+    for chunk in 0..3 {
+        // SAFETY: the program is done with the slots.
+        let slot = unsafe { *windows.tx_slot(chunk) };
+        assert_eq!((slot.bits[0], slot.count), (0b110, 2), "chunk {chunk}");
+    }
+    // A range reaching past the broadcast: user space's business.
+    assert_eq!(h.run(Prog::TcIngress, &range_ack(1, PEER_IP, 1, 3)).unwrap().retval, tc::OK);
+    assert_eq!(bstat(&h, "group_acks"), 1);
+}

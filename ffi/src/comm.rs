@@ -37,8 +37,9 @@ pub struct aggbox_comm {
     rank: c_int,
     size: c_int,
     datapath: aggbox_datapath,
-    /// Why `AGGBOX_DATAPATH_AUTO` fell back to the user datapath, made fit
-    /// for C (see [`c_text`]); empty when it did not.
+    /// Why the communicator is on its datapath (the kernel datapath's hooks,
+    /// or why `AGGBOX_DATAPATH_AUTO` fell back), made fit for C (see
+    /// [`c_text`]); empty when the user datapath was asked for.
     datapath_reason: Box<str>,
     /// How many exports are using this handle right now, on any thread (see
     /// [`CommRef`]): `aggbox_comm_destroy` frees it only when it is alone.
@@ -370,14 +371,16 @@ pub unsafe extern "C" fn aggbox_comm_datapath(comm: *const aggbox_comm) -> aggbo
     )
 }
 
-/// Why `AGGBOX_DATAPATH_AUTO` fell back to the user datapath, such as "auto
-/// chose the user datapath on lo: lo is a loopback interface; ...": copies
-/// it into `buf` as a NUL-terminated string, truncated to `len` bytes with
+/// Why the communicator is on its datapath: on the kernel datapath its hooks
+/// and why, such as "the kernel datapath on eth0, tc hooks (a virtual
+/// device, ...): broadcast in the kernel, ..."; when `AGGBOX_DATAPATH_AUTO`
+/// fell back to the user datapath, why, such as "auto chose the user
+/// datapath on lo: lo is a loopback interface; ...". It copies the text
+/// into `buf` as a NUL-terminated string, truncated to `len` bytes with
 /// the NUL, and returns the length of the whole text without the NUL, as
 /// `snprintf` does (a return value of `len` or more means it was truncated;
 /// with `buf` NULL or `len` 0 it writes nothing and only returns the
-/// length). When the communicator did not fall back (it was asked for
-/// `AGGBOX_DATAPATH_USER` or `_KERNEL`, or auto got the kernel datapath) it
+/// length). When the communicator was asked for `AGGBOX_DATAPATH_USER` it
 /// writes an empty string and returns 0. A NULL `comm` also gives an empty
 /// string and 0, and records the last error. The reason is fixed when the
 /// communicator is made, so this may be called from any thread, even while

@@ -79,7 +79,7 @@ fn run_cases(cluster: &Cluster, datapath_of: &dyn Fn(usize) -> &'static str, cas
             assert_eq!(number(&report, "chunk"), P as u64);
             assert_eq!(number(&report, "broadcasts"), expected as u64);
             if datapath_of(i) == "kernel" {
-                assert!(number(&report, "xdp_accepted") >= number(&report, "received"), "rank {i}: every datagram passed XDP: {report:?}");
+                assert!(number(&report, "ingress_accepted") >= number(&report, "received"), "rank {i}: every datagram passed the first program: {report:?}");
             }
             if i == 0 {
                 print_timings(&lines);

@@ -40,8 +40,17 @@ fn doctor_reports_the_kernel_datapath_with_privileges() {
     let report = text(&out);
     assert!(out.status.success(), "{report}");
     assert!(report.contains("datapath: auto would choose kernel"), "{report}");
+    // The cluster's ports run the bare XDP program: its hosts are on the XDP hooks.
+    assert!(report.contains("hooks         XDP and TC programs on eth0: AGGBOX_HOOKS=xdp"), "{report}");
     assert!(report.contains("xdp           attaches to eth0 in driver mode"), "{report}");
     assert!(!report.contains("FAIL"), "{report}");
+    // Left to choose, a veth gets the TC hooks, and nothing is probed with XDP.
+    let out = in_host(&cluster, false, &[("AGGBOX_HOOKS", "auto")], &doctor);
+    let report = text(&out);
+    assert!(out.status.success(), "{report}");
+    assert!(report.contains("hooks         TC programs on eth0: a virtual device"), "{report}");
+    assert!(!report.contains("xdp   "), "{report}");
+    assert!(report.contains("datapath: auto would choose kernel"), "{report}");
 }
 
 #[test]

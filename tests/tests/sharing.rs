@@ -18,7 +18,7 @@ fn rank_binary() -> PathBuf {
 /// The pin directory of host `host`'s eth0 attachment.
 fn pin_dir_of(cluster: &Cluster, host: usize) -> PathBuf {
     cluster
-        .run_in(host, || loader::pin_dir(&netif::choose(Some("eth0"), Ipv4Addr::UNSPECIFIED).unwrap()).unwrap())
+        .run_in(host, || loader::pin_dir(&netif::choose(Some("eth0"), Ipv4Addr::UNSPECIFIED).unwrap(), true).unwrap())
         .unwrap()
 }
 
@@ -90,7 +90,7 @@ fn two_processes_share_one_attachment_and_the_last_detaches() {
     let b_done = release(group_b);
     for report in &b_done {
         assert_eq!(number(report, "barriers"), 100);
-        assert!(number(report, "xdp_accepted") >= number(report, "received"));
+        assert!(number(report, "ingress_accepted") >= number(report, "received"));
     }
     // B was last: nothing is left attached or pinned.
     for (host, dir) in dirs.iter().enumerate() {

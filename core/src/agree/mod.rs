@@ -467,9 +467,15 @@ impl Comm {
         Ok(())
     }
 
-    /// The kernel agreement window, on the kernel datapath.
+    /// The kernel agreement window, on the kernel datapath with XDP hooks
+    /// (XDP folds agreement values; on the TC hooks agreement runs in user
+    /// space).
     fn agree_windows(&self) -> Option<&Windows> {
-        self.attachment.as_ref().and_then(|a| a.windows()).filter(|_| self.datapath() == Datapath::Kernel)
+        self.attachment
+            .as_ref()
+            .filter(|a| a.hooks().has_xdp())
+            .and_then(|a| a.windows())
+            .filter(|_| self.datapath() == Datapath::Kernel)
     }
 
     /// Arms the window for `run`'s phase (XDP folds it, and answers laggers

@@ -139,10 +139,13 @@ fn report(comm: &Comm) {
     // The host's kernel broadcast counters (every communicator of the host
     // adds to them; here there is one per host).
     let kernel = comm.attachment().map(|a| a.broadcast_stats().expect("broadcast stats")).unwrap_or_default();
+    // The first program a datagram meets: XDP ingress, or on the TC hooks TC ingress.
+    let hooks = comm.attachment().map(|a| a.hooks());
+    let first = if hooks == Some(aggbox_core::loader::Hooks::Tc) { Prog::TcIngress } else { Prog::XdpIngress };
     let kernel: Vec<String> =
         aggbox_core::maps::BSTAT_NAMES.iter().zip(kernel).map(|(name, value)| format!("k_{name}={value}")).collect();
     println!(
-        "report rank={} size={} datapath={} chunk={} broadcasts={} retransmits={} duplicates={} chunks_sent={} acks_received={} sent={} received={} xdp_accepted={} group_acks={} landed={} chunks_received={} placed_from_socket={} windowed={} {}",
+        "report rank={} size={} datapath={} chunk={} broadcasts={} retransmits={} duplicates={} chunks_sent={} acks_received={} sent={} received={} xdp_accepted={} ingress_accepted={} hooks={} gso_sends={} gso_segments={} group_acks={} landed={} chunks_received={} placed_from_socket={} windowed={} {}",
         comm.rank(),
         comm.size(),
         comm.datapath().name(),
@@ -155,6 +158,10 @@ fn report(comm: &Comm) {
         user.packets_sent,
         user.packets_received,
         stats.kernel.get(Prog::XdpIngress, "accepted"),
+        stats.kernel.get(first, "accepted"),
+        hooks.map_or("none", |h| h.name()),
+        comm.gso_sends().0,
+        comm.gso_sends().1,
         user.bcast_group_acks,
         user.bcast_landed,
         user.bcast_chunks_received,

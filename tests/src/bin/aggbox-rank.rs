@@ -23,9 +23,14 @@ fn report(comm: &Comm, phase: &str) {
     let stats = comm.stats().expect("stats");
     let k = &stats.kernel;
     let shared = comm.attachment().map_or(0, |a| a.shared_with());
-    let mode = comm.attachment().map_or("none", |a| a.xdp_mode().name());
+    let hooks = comm.attachment().map_or("none", |a| a.hooks().name());
+    // The first program a datagram meets: XDP ingress, or on the TC hooks TC ingress.
+    let first = match comm.attachment().map(|a| a.hooks()) {
+        Some(aggbox_core::loader::Hooks::Tc) => Prog::TcIngress,
+        _ => Prog::XdpIngress,
+    };
     println!(
-        "phase={phase} rank={} size={} datapath={} xdp_mode={mode} shared_with={shared} barriers={} sent={} received={} retransmits={} duplicates={} xdp_accepted={} xdp_seen={} reason={}",
+        "phase={phase} rank={} size={} datapath={} hooks={hooks} shared_with={shared} barriers={} sent={} received={} retransmits={} duplicates={} xdp_accepted={} xdp_seen={} ingress_accepted={} reason={}",
         comm.rank(),
         comm.size(),
         comm.datapath().name(),
@@ -36,6 +41,7 @@ fn report(comm: &Comm, phase: &str) {
         stats.user.duplicates,
         k.get(Prog::XdpIngress, "accepted"),
         k.get(Prog::XdpIngress, "seen"),
+        k.get(first, "accepted"),
         comm.datapath_reason().unwrap_or("-").replace(' ', "_"),
     );
 }
