@@ -170,7 +170,7 @@ fn assert_kernel_work(reports: &[HashMap<String, String>], cases: &[String], dat
         let placed = total(reports, "k_placed");
         assert!(placed > 0 && total(reports, "k_acks_sent") > 0, "receivers' XDP placed and answered chunks");
         eprintln!(
-            "kernel work: {placed} chunks placed by XDP, {} answered by XDP_TX, {} ACKs folded, {} group-ACKs, {} left to user space",
+            "kernel work: {placed} chunks placed by the kernel, {} ACKs sent from it, {} ACKs folded, {} group-ACKs, {} left to user space",
             total(reports, "k_acks_sent"),
             total(reports, "k_acks_folded"),
             total(reports, "k_group_acks"),
@@ -211,6 +211,34 @@ fn every_size_from_every_root_on_each_datapath() {
         let reports = run_cases(&cluster, &datapath_of, &cases);
         assert_eq!(total(&reports, "chunks_sent"), expected_chunks(&cases, &datapath_of));
         assert_kernel_work(&reports, &cases, &datapath_of);
+    }
+}
+
+/// The same on a plain bridge, the network users have: the hosts are on
+/// the TC hooks, the roots send super-chunks, and the receivers' TC ingress
+/// places them whole.
+#[test]
+fn every_size_from_every_root_on_a_plain_bridge() {
+    let _serial = serial();
+    let cluster = Cluster::temporary_plain(HOSTS, 1500).unwrap();
+    let cases = full_matrix();
+    for datapath_of in [kernel as fn(usize) -> &'static str, mixed] {
+        let reports = run_cases(&cluster, &datapath_of, &cases);
+        assert_eq!(total(&reports, "chunks_sent"), expected_chunks(&cases, &datapath_of));
+        assert_kernel_work(&reports, &cases, &datapath_of);
+        for (i, r) in reports.iter().enumerate() {
+            if datapath_of(i) == "kernel" {
+                assert_eq!(r["hooks"], "tc", "rank {i}: a veth on a plain bridge");
+            }
+        }
+        assert!(total(&reports, "gso_sends") > 0, "roots sent super-chunks");
+        assert!(total(&reports, "k_superchunks") > 0, "super-chunks reached TC ingress whole");
+        eprintln!(
+            "plain bridge: {} super-packets of {} datagrams sent; {} super-chunks placed whole",
+            total(&reports, "gso_sends"),
+            total(&reports, "gso_segments"),
+            total(&reports, "k_superchunks")
+        );
     }
 }
 
@@ -284,7 +312,17 @@ fn a_256_mib_broadcast_on_the_kernel_and_mixed_datapaths() {
 #[test]
 fn loss_duplication_and_reordering_are_repaired() {
     let _serial = serial();
-    let mut cluster = Cluster::temporary(HOSTS).unwrap();
+    repair_on(Cluster::temporary(HOSTS).unwrap());
+}
+
+/// On a plain bridge a fault drops, repeats or delays a whole super-chunk.
+#[test]
+fn loss_of_whole_super_chunks_is_repaired_on_a_plain_bridge() {
+    let _serial = serial();
+    repair_on(Cluster::temporary_plain(HOSTS, 1500).unwrap());
+}
+
+fn repair_on(mut cluster: Cluster) {
     cluster.inject_faults(FaultSpec::percent(10.0, 2.0).reorder(5.0)).unwrap();
     let mut cases: Vec<String> = [0, 1, P - 1, P, P + 1, MIB + 7].iter().map(|s| format!("{s}:all")).collect();
     cases.push(format!("{}:5", 64 * MIB));
