@@ -4,7 +4,8 @@
 # missing. Needs root.
 set -euo pipefail
 
-packages=(clang-19 llvm-19 libbpf-dev iproute2 ethtool iperf3 libcap2-bin bpftool gcc g++ make fonts-dejavu-core)
+packages=(clang-19 llvm-19 libbpf-dev iproute2 ethtool iperf3 libcap2-bin bpftool gcc g++ make fonts-dejavu-core
+          pkgconf binutils)
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
