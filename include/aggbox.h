@@ -156,6 +156,24 @@ typedef enum aggbox_datapath {
 } aggbox_datapath;
 
 /**
+ * Who hosts the rendezvous store a communicator joins at
+ * `master_addr:master_port` (`aggbox_config.store`, like `AGGBOX_STORE`).
+ */
+typedef enum aggbox_store {
+  /**
+   * Rank 0 hosts it for the length of rendezvous (`AGGBOX_STORE=rank0`,
+   * the default); a rank that restarts cannot rejoin.
+   */
+  AGGBOX_STORE_RANK0 = 0,
+  /**
+   * An `aggbox store` that outlives the ranks runs there
+   * (`AGGBOX_STORE=external`); every rank, rank 0 included, joins it, and a
+   * rank started again with the same rank and address rejoins its group.
+   */
+  AGGBOX_STORE_EXTERNAL = 1,
+} aggbox_store;
+
+/**
  * Element type of a buffer in a collective. The values are the wire
  * codes of the datagram header's `dtype` byte.
  */
@@ -415,6 +433,17 @@ typedef struct aggbox_config {
    * 0. Default 30000.
    */
   uint32_t timeout_ms;
+  /**
+   * Who hosts the rendezvous store at `master_addr:master_port`, as
+   * `AGGBOX_STORE` says for `aggbox_comm_init_from_env`:
+   * `AGGBOX_STORE_RANK0` (the default) or `AGGBOX_STORE_EXTERNAL`, an
+   * `aggbox store` that outlives the ranks (a restarted rank rejoins).
+   * Appended after `timeout_ms`; on LP64 it takes what was the struct's
+   * tail padding, so `sizeof(aggbox_config)` is unchanged (128) and a
+   * program that zeroed the struct or called `aggbox_config_init` (as it
+   * must) gets the default. A library older than this field ignores it.
+   */
+  aggbox_store store;
 } aggbox_config;
 
 /**
@@ -751,7 +780,8 @@ enum aggbox_status aggbox_comm_init(const struct aggbox_config *config, struct a
 /**
  * Like `aggbox_comm_init` with the configuration taken from the environment:
  * RANK, WORLD_SIZE, MASTER_ADDR (required), MASTER_PORT, AGGBOX_IFACE,
- * AGGBOX_PORT, AGGBOX_DATAPATH (auto, kernel or user) and AGGBOX_TIMEOUT_MS.
+ * AGGBOX_PORT, AGGBOX_DATAPATH (auto, kernel or user), AGGBOX_TIMEOUT_MS and
+ * AGGBOX_STORE (rank0 or external: `aggbox_config.store`).
  *
  * # Safety
  *
@@ -1084,9 +1114,9 @@ enum aggbox_status aggbox_iallreduce(struct aggbox_comm *comm, const void *sendb
 /**
  * Fills `*config` with `size = sizeof(aggbox_config)` and every default:
  * rank 0, world_size 1, master_addr "127.0.0.1", master_port 29500, iface ""
- * (auto), port 0 (auto), datapath `AGGBOX_DATAPATH_AUTO`, timeout_ms 30000.
- * Call it before setting any field. NULL is ignored (and recorded as the last
- * error).
+ * (auto), port 0 (auto), datapath `AGGBOX_DATAPATH_AUTO`, timeout_ms 30000,
+ * store `AGGBOX_STORE_RANK0`. Call it before setting any field. NULL is
+ * ignored (and recorded as the last error).
  *
  * It writes the `aggbox_config` of this version of the header; should a
  * later version grow the struct, this function will keep writing this

@@ -102,6 +102,7 @@ static void config_defaults(void) {
     CHECK(config.port == 0);
     CHECK(config.datapath == AGGBOX_DATAPATH_AUTO);
     CHECK(config.timeout_ms == 30000);
+    CHECK(config.store == AGGBOX_STORE_RANK0);
 }
 
 /* aggbox_comm_init with `config`, expected to fail with INVALID_ARGUMENT

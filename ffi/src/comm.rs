@@ -238,7 +238,8 @@ pub unsafe extern "C" fn aggbox_comm_init(
 
 /// Like `aggbox_comm_init` with the configuration taken from the environment:
 /// RANK, WORLD_SIZE, MASTER_ADDR (required), MASTER_PORT, AGGBOX_IFACE,
-/// AGGBOX_PORT, AGGBOX_DATAPATH (auto, kernel or user) and AGGBOX_TIMEOUT_MS.
+/// AGGBOX_PORT, AGGBOX_DATAPATH (auto, kernel or user), AGGBOX_TIMEOUT_MS and
+/// AGGBOX_STORE (rank0 or external: `aggbox_config.store`).
 ///
 /// # Safety
 ///
@@ -823,5 +824,41 @@ mod tests {
             aggbox_comm_destroy(comm);
         }
         assert_eq!(last_error(), "", "destroyed without an error");
+    }
+
+    /// `config.store = AGGBOX_STORE_EXTERNAL` makes every rank, rank 0
+    /// included, join a store that outlives them (here one in this
+    /// process, as `aggbox store` serves it): no environment variable.
+    #[test]
+    fn ranks_join_an_external_store_through_the_config() {
+        use crate::types::{aggbox_store, RawDatapath, RawStore};
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let store = aggbox_core::rendezvous::Store::serve(listener, 2).unwrap();
+        let port = store.addr().port();
+        let ranks: Vec<_> = (0..2)
+            .map(|rank| {
+                std::thread::spawn(move || {
+                    let config = aggbox_config {
+                        rank,
+                        world_size: 2,
+                        master_port: port,
+                        datapath: aggbox_datapath::AGGBOX_DATAPATH_USER as RawDatapath,
+                        timeout_ms: 10_000,
+                        store: aggbox_store::AGGBOX_STORE_EXTERNAL as RawStore,
+                        ..Default::default()
+                    };
+                    let mut comm = ptr::null_mut();
+                    let status = unsafe { aggbox_comm_init(&config, &mut comm) };
+                    assert_eq!(status, aggbox_status::AGGBOX_OK, "rank {rank}: {}", last_error());
+                    let status = unsafe { aggbox_barrier(comm) };
+                    assert_eq!(status, aggbox_status::AGGBOX_OK, "rank {rank}: {}", last_error());
+                    unsafe { aggbox_comm_destroy(comm) };
+                })
+            })
+            .collect();
+        for rank in ranks {
+            rank.join().unwrap();
+        }
+        drop(store);
     }
 }

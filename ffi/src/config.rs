@@ -13,7 +13,7 @@ use aggbox_core::{Config, Result};
 
 use crate::{
     boundary::{check_ptr, invalid, sized_struct_size, value_call},
-    types::{aggbox_datapath, RawDatapath},
+    types::{aggbox_datapath, aggbox_store, RawDatapath, RawStore},
 };
 
 /// Size of `aggbox_config.master_addr`, its terminating NUL included.
@@ -51,6 +51,15 @@ pub struct aggbox_config {
     /// Timeout of rendezvous and of every operation, in milliseconds, above
     /// 0. Default 30000.
     pub timeout_ms: u32,
+    /// Who hosts the rendezvous store at `master_addr:master_port`, as
+    /// `AGGBOX_STORE` says for `aggbox_comm_init_from_env`:
+    /// `AGGBOX_STORE_RANK0` (the default) or `AGGBOX_STORE_EXTERNAL`, an
+    /// `aggbox store` that outlives the ranks (a restarted rank rejoins).
+    /// Appended after `timeout_ms`; on LP64 it takes what was the struct's
+    /// tail padding, so `sizeof(aggbox_config)` is unchanged (128) and a
+    /// program that zeroed the struct or called `aggbox_config_init` (as it
+    /// must) gets the default. A library older than this field ignores it.
+    pub store: RawStore,
 }
 
 /// The smallest `size` accepted: a config must at least hold `rank` and
@@ -84,6 +93,7 @@ impl Default for aggbox_config {
             port: defaults.port,
             datapath: aggbox_datapath::from(defaults.datapath) as RawDatapath,
             timeout_ms: defaults.timeout.as_millis() as u32,
+            store: aggbox_store::from(defaults.store) as RawStore,
         }
     }
 }
@@ -141,7 +151,8 @@ impl aggbox_config {
             iface,
             port,
             datapath,
-            timeout_ms
+            timeout_ms,
+            store
         );
         Ok(config)
     }
@@ -169,6 +180,13 @@ impl aggbox_config {
                 self.datapath
             ))
         })?;
+        let store = aggbox_store::from_raw(self.store).ok_or_else(|| {
+            invalid(format!(
+                "config->store is {}, not an aggbox_store (AGGBOX_STORE_RANK0 or _EXTERNAL): \
+                 was the config filled in with aggbox_config_init?",
+                self.store
+            ))
+        })?;
         let config = Config {
             rank,
             world_size,
@@ -178,9 +196,7 @@ impl aggbox_config {
             port: self.port,
             datapath: datapath.into(),
             timeout: Duration::from_millis(self.timeout_ms.into()),
-            // The C struct has no field for it yet: AGGBOX_STORE through
-            // aggbox_comm_init_from_env chooses an external store.
-            store: aggbox_core::StoreHost::RankZero,
+            store: store.into(),
         };
         config.validate()?;
         Ok(config)
@@ -189,9 +205,9 @@ impl aggbox_config {
 
 /// Fills `*config` with `size = sizeof(aggbox_config)` and every default:
 /// rank 0, world_size 1, master_addr "127.0.0.1", master_port 29500, iface ""
-/// (auto), port 0 (auto), datapath `AGGBOX_DATAPATH_AUTO`, timeout_ms 30000.
-/// Call it before setting any field. NULL is ignored (and recorded as the last
-/// error).
+/// (auto), port 0 (auto), datapath `AGGBOX_DATAPATH_AUTO`, timeout_ms 30000,
+/// store `AGGBOX_STORE_RANK0`. Call it before setting any field. NULL is
+/// ignored (and recorded as the last error).
 ///
 /// It writes the `aggbox_config` of this version of the header; should a
 /// later version grow the struct, this function will keep writing this
@@ -258,6 +274,7 @@ mod tests {
             port: 47001,
             datapath: aggbox_datapath::AGGBOX_DATAPATH_USER as RawDatapath,
             timeout_ms: 1500,
+            store: aggbox_store::AGGBOX_STORE_EXTERNAL as RawStore,
             ..Default::default()
         };
         assert_eq!(
@@ -271,7 +288,7 @@ mod tests {
                 port: 47001,
                 datapath: Datapath::User,
                 timeout: Duration::from_millis(1500),
-                store: aggbox_core::StoreHost::RankZero,
+                store: aggbox_core::StoreHost::External,
             }
         );
     }
@@ -326,6 +343,48 @@ mod tests {
         assert!(
             datapath.contains("config->datapath is 7, not an aggbox_datapath"),
             "{datapath}"
+        );
+        let store = message(aggbox_config {
+            store: 9,
+            ..Default::default()
+        });
+        assert!(
+            store.contains("config->store is 9, not an aggbox_store"),
+            "{store}"
+        );
+    }
+
+    /// `store` was appended into what was the tail padding of the struct of
+    /// the first header: on LP64 the struct keeps its size, and a config of
+    /// an older program (its padding zeroed, as `aggbox_config_init` and
+    /// any initializer leave it) asks for rank 0's store.
+    #[test]
+    fn store_fits_in_the_old_tail_padding() {
+        assert_eq!(
+            offset_of!(aggbox_config, store),
+            offset_of!(aggbox_config, timeout_ms) + 4
+        );
+        if size_of::<usize>() == 8 {
+            assert_eq!(size_of::<aggbox_config>(), 128);
+        }
+        let mut old = [0u8; size_of::<aggbox_config>()];
+        let defaults = aggbox_config::default();
+        // SAFETY: any bytes are a valid aggbox_config.
+        unsafe {
+            ptr::copy_nonoverlapping(
+                ptr::from_ref(&defaults).cast::<u8>(),
+                old.as_mut_ptr(),
+                offset_of!(aggbox_config, store),
+            )
+        };
+        let words: Vec<u64> = old
+            .chunks_exact(8)
+            .map(|c| u64::from_ne_bytes(c.try_into().unwrap()))
+            .collect();
+        let read = unsafe { aggbox_config::read(words.as_ptr().cast()) }.unwrap();
+        assert_eq!(
+            read.to_core().unwrap().store,
+            aggbox_core::StoreHost::RankZero
         );
     }
 

@@ -11,7 +11,7 @@
 
 use std::os::raw::c_int;
 
-use aggbox_core::{Datapath, Dtype, Status};
+use aggbox_core::{Datapath, Dtype, Status, StoreHost};
 
 /// Status of a call: `AGGBOX_OK`, or why it failed. When a call returns
 /// anything but `AGGBOX_OK`, `aggbox_last_error` on the same thread tells
@@ -145,6 +145,51 @@ impl From<aggbox_datapath> for Datapath {
     }
 }
 
+/// Who hosts the rendezvous store a communicator joins at
+/// `master_addr:master_port` (`aggbox_config.store`, like `AGGBOX_STORE`).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum aggbox_store {
+    /// Rank 0 hosts it for the length of rendezvous (`AGGBOX_STORE=rank0`,
+    /// the default); a rank that restarts cannot rejoin.
+    AGGBOX_STORE_RANK0 = 0,
+    /// An `aggbox store` that outlives the ranks runs there
+    /// (`AGGBOX_STORE=external`); every rank, rank 0 included, joins it, and a
+    /// rank started again with the same rank and address rejoins its group.
+    AGGBOX_STORE_EXTERNAL = 1,
+}
+
+/// An `aggbox_store` as C passes it: any `int`, checked with
+/// [`aggbox_store::from_raw`]. Named `aggbox_store` in the header.
+pub type RawStore = c_int;
+
+impl aggbox_store {
+    /// The store host whose value is `raw`, if there is one.
+    pub fn from_raw(raw: RawStore) -> Option<Self> {
+        [Self::AGGBOX_STORE_RANK0, Self::AGGBOX_STORE_EXTERNAL]
+            .into_iter()
+            .find(|store| *store as RawStore == raw)
+    }
+}
+
+impl From<StoreHost> for aggbox_store {
+    fn from(store: StoreHost) -> Self {
+        match store {
+            StoreHost::RankZero => aggbox_store::AGGBOX_STORE_RANK0,
+            StoreHost::External => aggbox_store::AGGBOX_STORE_EXTERNAL,
+        }
+    }
+}
+
+impl From<aggbox_store> for StoreHost {
+    fn from(store: aggbox_store) -> Self {
+        match store {
+            aggbox_store::AGGBOX_STORE_RANK0 => StoreHost::RankZero,
+            aggbox_store::AGGBOX_STORE_EXTERNAL => StoreHost::External,
+        }
+    }
+}
+
 /// Element type of a buffer in a collective. The values are the wire
 /// codes of the datagram header's `dtype` byte.
 #[repr(C)]
@@ -260,6 +305,14 @@ mod tests {
         }
         assert_eq!(aggbox_datapath::from_raw(3), None);
         assert_eq!(aggbox_datapath::from_raw(c_int::MIN), None);
+
+        for store in [StoreHost::RankZero, StoreHost::External] {
+            let c = aggbox_store::from(store);
+            assert_eq!(aggbox_store::from_raw(c as RawStore), Some(c));
+            assert_eq!(StoreHost::from(c), store);
+        }
+        assert_eq!(aggbox_store::from_raw(2), None);
+        assert_eq!(aggbox_store::from_raw(-1), None);
     }
 
     #[test]
@@ -278,6 +331,7 @@ mod tests {
         use std::mem::size_of;
         assert_eq!(size_of::<aggbox_status>(), size_of::<c_int>());
         assert_eq!(size_of::<aggbox_datapath>(), size_of::<RawDatapath>());
+        assert_eq!(size_of::<aggbox_store>(), size_of::<RawStore>());
         assert_eq!(size_of::<aggbox_dtype>(), size_of::<RawDtype>());
         assert_eq!(size_of::<aggbox_op>(), size_of::<RawOp>());
     }

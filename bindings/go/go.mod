@@ -1,0 +1,3 @@
+module github.com/aggbox/aggbox/bindings/go
+
+go 1.24
