@@ -48,7 +48,7 @@ use crate::{
         names, GroupValue, MemberKey, MemberValue, PortKey, PortValue, Prog, UserKey, UserValue, ASTAT_NAMES, BSTAT_NAMES,
         CTL_SLOTS, NO_CTL, RSTAT_NAMES, STAT_MAX,
     },
-    netif::Interface,
+    netif::{self, Interface},
     rendezvous::GroupInfo,
     stats::KernelStats,
     error::chain,
@@ -153,18 +153,12 @@ impl HooksChoice {
         match self {
             HooksChoice::Tc => (true, "AGGBOX_HOOKS=tc"),
             HooksChoice::Xdp => (false, "AGGBOX_HOOKS=xdp"),
-            HooksChoice::Auto if is_virtual(&iface.name) => {
+            HooksChoice::Auto if netif::is_virtual(&iface.name) => {
                 (true, "a virtual device, where XDP would turn GSO off on its peer")
             }
             HooksChoice::Auto => (false, "a physical device, where XDP runs in the driver"),
         }
     }
-}
-
-/// Whether `iface` is a virtual device (no `device` link in sysfs: veth,
-/// bridges, tunnels, loopback).
-pub fn is_virtual(iface: &str) -> bool {
-    !Path::new("/sys/class/net").join(iface).join("device").exists()
 }
 
 fn is_bpffs(path: &str) -> bool {
@@ -750,9 +744,15 @@ impl Attachment {
     /// Attaches to `iface` (or shares the attachment already there) and
     /// registers this process's communicator on local `port`. The group is
     /// registered later, with [`Attachment::register_group`], once
-    /// rendezvous has made it.
+    /// rendezvous has made it. The hooks are the ones `AGGBOX_HOOKS` asks for.
     pub fn acquire(iface: &Interface, port: u16) -> Result<Attachment> {
-        let (tc, hooks_reason) = HooksChoice::from_env()?.wants_tc(iface);
+        Self::acquire_on(iface, port, HooksChoice::from_env()?)
+    }
+
+    /// [`Attachment::acquire`] on the hooks `choice` picks, whatever the
+    /// environment says.
+    pub fn acquire_on(iface: &Interface, port: u16, choice: HooksChoice) -> Result<Attachment> {
+        let (tc, hooks_reason) = choice.wants_tc(iface);
         let dir = pin_dir(iface, tc)?;
         let _lock = PinLock::take()?;
 

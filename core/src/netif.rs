@@ -72,6 +72,65 @@ fn mtu_of(name: &str) -> io::Result<u32> {
     }
 }
 
+/// `ETHTOOL_GDRVINFO` (linux/ethtool.h): asks a device for its driver.
+const ETHTOOL_GDRVINFO: u32 = 0x0000_0003;
+
+/// `struct ethtool_drvinfo` (linux/ethtool.h).
+#[repr(C)]
+struct EthtoolDrvinfo {
+    cmd: u32,
+    driver: [u8; 32],
+    version: [u8; 32],
+    fw_version: [u8; 32],
+    bus_info: [u8; 32],
+    erom_version: [u8; 32],
+    reserved2: [u8; 12],
+    n_priv_flags: u32,
+    n_stats: u32,
+    testinfo_len: u32,
+    eedump_len: u32,
+    regdump_len: u32,
+}
+
+/// The (driver, bus) of `name` as ethtool reports them, asked in this
+/// thread's network namespace (sysfs shows the namespace it was mounted
+/// in, which a thread that entered another namespace does not share).
+pub fn driver_of(name: &str) -> io::Result<(String, String)> {
+    // SAFETY: EthtoolDrvinfo is integers and byte arrays: all zeros is valid.
+    let mut info: EthtoolDrvinfo = unsafe { std::mem::zeroed() };
+    info.cmd = ETHTOOL_GDRVINFO;
+    // SAFETY: an ioctl on a throwaway socket with a zeroed ifreq whose name
+    // fits and whose data points at `info`, which outlives the call.
+    unsafe {
+        let fd = libc::socket(libc::AF_INET, libc::SOCK_DGRAM | libc::SOCK_CLOEXEC, 0);
+        if fd < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        let mut req: libc::ifreq = std::mem::zeroed();
+        for (dst, src) in req.ifr_name.iter_mut().zip(name.bytes().take(libc::IFNAMSIZ - 1)) {
+            *dst = src as libc::c_char;
+        }
+        req.ifr_ifru.ifru_data = (&mut info as *mut EthtoolDrvinfo).cast();
+        let rc = libc::ioctl(fd, libc::SIOCETHTOOL, &mut req);
+        let err = io::Error::last_os_error();
+        libc::close(fd);
+        if rc < 0 {
+            return Err(err);
+        }
+    }
+    let text = |bytes: &[u8]| {
+        let end = bytes.iter().position(|&b| b == 0).unwrap_or(bytes.len());
+        String::from_utf8_lossy(&bytes[..end]).into_owned()
+    };
+    Ok((text(&info.driver), text(&info.bus_info)))
+}
+
+/// Whether `name` is a virtual device (veth, bridge, tunnel, loopback):
+/// one on no bus. A device ethtool cannot ask counts as virtual too.
+pub fn is_virtual(name: &str) -> bool {
+    driver_of(name).map(|(_, bus)| bus.is_empty()).unwrap_or(true)
+}
+
 /// Every interface of this network namespace that has an IPv4 address.
 pub fn list() -> Result<Vec<Interface>> {
     let mut head: *mut libc::ifaddrs = std::ptr::null_mut();
@@ -159,6 +218,12 @@ pub fn choose(name: Option<&str>, toward: Ipv4Addr) -> Result<Interface> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn loopback_is_virtual_and_a_missing_device_is_an_error() {
+        assert!(is_virtual("lo"));
+        assert!(driver_of("no-such-if0").is_err());
+    }
 
     #[test]
     fn loopback_is_found() {

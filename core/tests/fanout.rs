@@ -10,7 +10,7 @@ use std::{
 
 use aggbox_core::{
     cluster::Cluster,
-    loader::Attachment,
+    loader::{Attachment, HooksChoice},
     maps::{Ctl, RxCtl, BSTAT_NAMES, RX_PHASES, RX_WINDOW},
     netif,
     rendezvous::{GroupInfo, PeerInfo},
@@ -30,7 +30,8 @@ const HOSTS: usize = 8;
 const PORT: u16 = 47_100;
 
 /// A group of every host of `cluster`, and on every host a socket and the
-/// programs with the group registered (as a communicator would).
+/// programs with the group registered (as a communicator would), on the
+/// XDP hooks this cluster's bridge is made for.
 fn kernel_group(cluster: &Cluster, id: u32) -> (GroupInfo, Vec<(Transport, Attachment)>) {
     let peers: Vec<PeerInfo> = cluster
         .hosts()
@@ -45,7 +46,7 @@ fn kernel_group(cluster: &Cluster, id: u32) -> (GroupInfo, Vec<(Transport, Attac
                 .run_in(i, move || {
                     let iface = netif::choose(Some("eth0"), Ipv4Addr::UNSPECIFIED).unwrap();
                     let transport = Transport::bind(iface.ipv4, PORT).unwrap();
-                    let mut attachment = Attachment::acquire(&iface, PORT).unwrap();
+                    let mut attachment = Attachment::acquire_on(&iface, PORT, HooksChoice::Xdp).unwrap();
                     attachment.register_group(&group).unwrap();
                     (transport, attachment)
                 })

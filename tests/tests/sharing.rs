@@ -1,6 +1,7 @@
 //! One attachment per interface, shared: by two processes on a host, by two
 //! communicators in one process; the last one out detaches; a SIGKILLed
-//! process leaves nothing that breaks the next start.
+//! process leaves nothing that breaks the next start. On a plain bridge,
+//! as users have it: the hooks are TC's.
 
 use std::{net::Ipv4Addr, path::PathBuf, thread, time::Duration};
 
@@ -15,7 +16,12 @@ fn rank_binary() -> PathBuf {
     env!("CARGO_BIN_EXE_aggbox-rank").into()
 }
 
-/// The pin directory of host `host`'s eth0 attachment.
+/// A plain 2-host cluster: TC hooks on every eth0.
+fn plain_cluster() -> Cluster {
+    Cluster::temporary_plain(2, 1500).unwrap()
+}
+
+/// The pin directory of host `host`'s eth0 attachment (TC hooks).
 fn pin_dir_of(cluster: &Cluster, host: usize) -> PathBuf {
     cluster
         .run_in(host, || loader::pin_dir(&netif::choose(Some("eth0"), Ipv4Addr::UNSPECIFIED).unwrap(), true).unwrap())
@@ -62,7 +68,7 @@ fn release(ranks: Vec<RankProcess>) -> Vec<std::collections::HashMap<String, Str
 
 #[test]
 fn two_processes_share_one_attachment_and_the_last_detaches() {
-    let cluster = Cluster::temporary(2).unwrap();
+    let cluster = plain_cluster();
     let dirs = [pin_dir_of(&cluster, 0), pin_dir_of(&cluster, 1)];
 
     let group_a = holding_group(&cluster, 29_500, "50");
@@ -85,7 +91,7 @@ fn two_processes_share_one_attachment_and_the_last_detaches() {
     for (host, dir) in dirs.iter().enumerate() {
         assert!(dir.exists(), "B still uses the attachment on host {host}");
         assert_eq!(users_of(dir), (1, 0));
-        assert_eq!(attached_programs(&cluster, host), "xdp tc ");
+        assert_eq!(attached_programs(&cluster, host), "tc ");
     }
     let b_done = release(group_b);
     for report in &b_done {
@@ -113,7 +119,7 @@ fn config(rank: usize, master: Ipv4Addr, master_port: u16) -> Config {
 
 #[test]
 fn two_communicators_in_one_process_share_one_attachment() {
-    let cluster = Cluster::temporary(2).unwrap();
+    let cluster = plain_cluster();
     let master = cluster.host(0).ipv4;
     let dirs = [pin_dir_of(&cluster, 0), pin_dir_of(&cluster, 1)];
     // Group A first, then group B, all four communicators in this process.
@@ -155,8 +161,8 @@ fn two_communicators_in_one_process_share_one_attachment() {
         assert_eq!(users_of(dir), (1, 0), "group B still holds the attachment");
     }
     barriers(&mut b, 50);
-    let accepted = b[0].stats().unwrap().kernel.get(aggbox_core::maps::Prog::XdpIngress, "accepted");
-    assert!(accepted >= 50, "B's datagrams still pass through XDP: {accepted}");
+    let accepted = b[0].stats().unwrap().kernel.get(aggbox_core::maps::Prog::TcIngress, "accepted");
+    assert!(accepted >= 50, "B's datagrams still pass through TC ingress: {accepted}");
     thread::scope(|s| {
         for comm in b.drain(..) {
             s.spawn(move || drop(comm));
@@ -169,7 +175,7 @@ fn two_communicators_in_one_process_share_one_attachment() {
 
 #[test]
 fn a_sigkilled_process_leaves_nothing_that_breaks_the_next_start() {
-    let cluster = Cluster::temporary(2).unwrap();
+    let cluster = plain_cluster();
     let dirs = [pin_dir_of(&cluster, 0), pin_dir_of(&cluster, 1)];
 
     // Two groups share the hosts; group A is killed with SIGKILL.
@@ -218,7 +224,7 @@ fn a_sigkilled_process_leaves_nothing_that_breaks_the_next_start() {
 
 #[test]
 fn a_cluster_removed_after_its_ranks_were_killed_leaves_no_pins() {
-    let cluster = Cluster::temporary(2).unwrap();
+    let cluster = plain_cluster();
     let dirs = [pin_dir_of(&cluster, 0), pin_dir_of(&cluster, 1)];
     let group = holding_group(&cluster, 29_500, "5");
     for mut rank in group {
