@@ -19,8 +19,11 @@
 //! where nothing segments it (veth, bridges), all the way to the
 //! receiver's TC ingress, which walks it segment by segment. Every segment
 //! is a whole AggBox datagram, so wherever something does segment it the
-//! receiver still gets valid datagrams. `AGGBOX_GSO=0` turns it off; a
-//! kernel or route that refuses it turns it off for the socket.
+//! receiver still gets valid datagrams. The socket takes super-packets
+//! whole too (`UDP_GRO`): one message of a `recvmmsg` may hold up to
+//! [`GSO_MAX_SEGMENTS`] datagrams, which [`Transport::recv_batch`] lists
+//! one by one. `AGGBOX_GSO=0` turns both off; a kernel or route that
+//! refuses GSO turns sending it off for the socket.
 
 use std::{
     cell::Cell,
@@ -72,6 +75,14 @@ pub const GSO_MAX_SEGMENTS: usize = 64;
 /// Most UDP payload bytes of one super-packet (an IPv4 datagram's).
 pub const GSO_MAX_BYTES: usize = 65_507;
 
+/// `UDP_GRO` (linux/udp.h): a socket option, and the control message that
+/// gives a coalesced receive's segment size (an int).
+const UDP_GRO: libc::c_int = 104;
+
+/// Bytes of a receive slot when the socket takes super-packets whole
+/// (`UDP_GRO`): the largest IPv4 UDP payload fits.
+const GRO_SLOT: usize = 1 << 16;
+
 /// One `cmsghdr` with a u16 of data, padded as `CMSG_SPACE(2)`.
 #[repr(C, align(8))]
 #[derive(Clone, Copy)]
@@ -102,27 +113,77 @@ impl RecvBatch {
     /// allocations of the batch, which never move.
     fn point_at_slots(&mut self) {
         let slots = self.slots.as_mut_ptr();
+        let slot_len = self.slot_len;
         for i in 0..BATCH {
-            // SAFETY: slot i lies within `slots` (BATCH * RECV_SLOT bytes).
-            self.iov[i] = libc::iovec { iov_base: unsafe { slots.add(i * RECV_SLOT) }.cast(), iov_len: RECV_SLOT };
+            // SAFETY: slot i lies within `slots` (BATCH * slot_len bytes).
+            self.iov[i] = libc::iovec { iov_base: unsafe { slots.add(i * slot_len) }.cast(), iov_len: slot_len };
             let msg = &mut self.msgs[i];
             msg.msg_hdr = zeroed();
             msg.msg_hdr.msg_name = (&raw mut self.addrs[i]).cast();
             msg.msg_hdr.msg_namelen = std::mem::size_of::<libc::sockaddr_in>() as libc::socklen_t;
             msg.msg_hdr.msg_iov = &raw mut self.iov[i];
             msg.msg_hdr.msg_iovlen = 1;
+            msg.msg_hdr.msg_control = self.cmsgs[i].bytes.as_mut_ptr().cast();
+            msg.msg_hdr.msg_controllen = SEGMENT_CMSG_SPACE as _;
+        }
+    }
+
+    /// The `UDP_GRO` segment size of message `i`, if the kernel gave one.
+    fn gro_size(&self, i: usize) -> Option<usize> {
+        let hdr = &self.msgs[i].msg_hdr;
+        // SAFETY: the CMSG_* walk stays within the control buffer the
+        // kernel filled (msg_control, msg_controllen), as cmsg(3) shows.
+        unsafe {
+            let mut cmsg = libc::CMSG_FIRSTHDR(hdr);
+            while !cmsg.is_null() {
+                if (*cmsg).cmsg_level == SOL_UDP && (*cmsg).cmsg_type == UDP_GRO {
+                    let size = std::ptr::read_unaligned(libc::CMSG_DATA(cmsg).cast::<libc::c_int>());
+                    return usize::try_from(size).ok().filter(|&s| s > 0);
+                }
+                cmsg = libc::CMSG_NXTHDR(hdr, cmsg);
+            }
+        }
+        None
+    }
+
+    /// Lists the datagrams of the `filled` messages just received.
+    fn split_segments(&mut self) {
+        self.segments.clear();
+        for i in 0..self.filled {
+            let len = self.msgs[i].msg_len as usize;
+            let stride = self.gro_size(i).unwrap_or(len.max(1));
+            let mut offset = 0;
+            loop {
+                let seg = stride.min(len - offset);
+                self.segments.push((i as u32, offset as u32, seg as u32));
+                offset += seg;
+                if offset >= len || self.segments.len() == self.segments.capacity() {
+                    break;
+                }
+            }
         }
     }
 }
 
 /// The slots one `recvmmsg` fills, and what it said about each.
+///
+/// With `UDP_GRO` on, a message may be a super-packet of several
+/// datagrams at a stride its control message gives; `segments` lists every
+/// datagram of the last batch, so callers see datagrams either way.
 struct RecvBatch {
-    /// `BATCH` slots of `RECV_SLOT` bytes.
+    /// `BATCH` slots of `slot_len` bytes.
     slots: Vec<u8>,
+    /// [`RECV_SLOT`], or [`GRO_SLOT`] when super-packets come whole.
+    slot_len: usize,
     addrs: [libc::sockaddr_in; BATCH],
     iov: [libc::iovec; BATCH],
     msgs: [libc::mmsghdr; BATCH],
-    /// Datagrams the last `recvmmsg` returned.
+    /// Each message's control buffer (the `UDP_GRO` segment size).
+    cmsgs: [SegmentCmsg; BATCH],
+    /// The datagrams of the last `recvmmsg`: (message, offset in its slot,
+    /// length). Its capacity (`BATCH * GSO_MAX_SEGMENTS`) is reserved once.
+    segments: Vec<(u32, u32, u32)>,
+    /// Messages the last `recvmmsg` returned.
     filled: usize,
 }
 
@@ -198,6 +259,21 @@ pub struct Transport {
     gso_segments: Cell<u64>,
 }
 
+/// Sets an int socket option.
+fn set_int_option(socket: &UdpSocket, level: libc::c_int, name: libc::c_int, value: libc::c_int) -> io::Result<()> {
+    // SAFETY: setsockopt on our own socket with a c_int value.
+    let rc = unsafe {
+        libc::setsockopt(
+            socket.as_raw_fd(),
+            level,
+            name,
+            (&value as *const libc::c_int).cast(),
+            std::mem::size_of::<libc::c_int>() as libc::socklen_t,
+        )
+    };
+    if rc == 0 { Ok(()) } else { Err(io::Error::last_os_error()) }
+}
+
 /// Whether `AGGBOX_GSO` leaves UDP GSO on (unset, or anything but `0`).
 fn gso_wanted() -> bool {
     std::env::var("AGGBOX_GSO").map_or(true, |v| v.trim() != "0")
@@ -251,11 +327,19 @@ impl Transport {
             segments: [0; BATCH],
             len: 0,
         });
+        // Super-packets whole (UDP_GRO): one receive for up to
+        // GSO_MAX_SEGMENTS datagrams. Without it the kernel cuts each into
+        // its datagrams before they are queued.
+        let gro = gso_wanted() && set_int_option(&socket, SOL_UDP, UDP_GRO, 1).is_ok();
+        let slot_len = if gro { GRO_SLOT } else { RECV_SLOT };
         let mut rx = Box::new(RecvBatch {
-            slots: vec![0; BATCH * RECV_SLOT],
+            slots: vec![0; BATCH * slot_len],
+            slot_len,
             addrs: zeroed(),
             iov: zeroed(),
             msgs: zeroed(),
+            cmsgs: [SegmentCmsg { bytes: [0; SEGMENT_CMSG_SPACE] }; BATCH],
+            segments: Vec::with_capacity(BATCH * GSO_MAX_SEGMENTS),
             filled: 0,
         });
         rx.point_at_slots();
@@ -320,6 +404,10 @@ impl Transport {
 
     /// Receives one datagram into `buf`, waiting until `deadline` at most.
     /// Returns its length and sender, or `None` when the deadline passed.
+    /// With [`Transport::gro`] a super-packet comes whole (its datagrams
+    /// back to back, each but the last of the same size): a buffer of
+    /// [`GSO_MAX_BYTES`] holds any. The collectives use
+    /// [`Transport::recv_batch`], which splits them.
     pub fn recv(&self, buf: &mut [u8], deadline: Instant) -> Result<Option<(usize, SocketAddrV4)>> {
         loop {
             self.count_syscall();
@@ -520,16 +608,17 @@ impl Transport {
         Ok(messages)
     }
 
-    /// Receives up to [`BATCH`] datagrams already queued on the socket with
-    /// one `recvmmsg`, without waiting; returns how many (0 when none is
-    /// queued). They stay readable with [`Transport::datagram`] until the
+    /// Receives up to [`BATCH`] messages already queued on the socket with
+    /// one `recvmmsg`, without waiting; returns how many datagrams they
+    /// held (0 when none is queued; with [`Transport::gro`] up to
+    /// `BATCH * GSO_MAX_SEGMENTS`). They stay readable with [`Transport::datagram`] until the
     /// next call.
     pub fn recv_batch(&mut self) -> Result<usize> {
         self.prepare_recv();
         self.rx.filled = 0;
         loop {
             self.count_syscall();
-            // SAFETY: `msgs` point at BATCH slots of RECV_SLOT bytes and
+            // SAFETY: `msgs` point at BATCH slots of slot_len bytes and
             // BATCH addresses, all owned by `self.rx` (point_at_slots).
             let rc = unsafe {
                 libc::recvmmsg(
@@ -542,7 +631,8 @@ impl Transport {
             };
             if rc >= 0 {
                 self.rx.filled = rc as usize;
-                return Ok(self.rx.filled);
+                self.rx.split_segments();
+                return Ok(self.rx.segments.len());
             }
             let err = io::Error::last_os_error();
             match err.kind() {
@@ -558,9 +648,11 @@ impl Transport {
     fn prepare_recv(&mut self) {
         for msg in &mut self.rx.msgs[..self.rx.filled] {
             msg.msg_hdr.msg_namelen = std::mem::size_of::<libc::sockaddr_in>() as libc::socklen_t;
+            msg.msg_hdr.msg_controllen = SEGMENT_CMSG_SPACE as _;
             msg.msg_hdr.msg_flags = 0;
             msg.msg_len = 0;
         }
+        self.rx.segments.clear();
     }
 
     /// Datagram `i` of the last [`Transport::recv_batch`], or `None` when
@@ -570,12 +662,23 @@ impl Transport {
     ///
     /// If `i` is not below what that call returned.
     pub fn datagram(&self, i: usize) -> Option<Datagram<'_>> {
-        assert!(i < self.rx.filled, "datagram {i} of a batch of {}", self.rx.filled);
-        let msg = &self.rx.msgs[i];
-        let from = sockaddr_to(&self.rx.addrs[i], msg.msg_hdr.msg_namelen)?;
-        let len = (msg.msg_len as usize).min(RECV_SLOT);
-        let slot = &self.rx.slots[i * RECV_SLOT..(i + 1) * RECV_SLOT];
-        Some(Datagram { bytes: &slot[..len], from, truncated: msg.msg_hdr.msg_flags & libc::MSG_TRUNC != 0 })
+        let rx = &*self.rx;
+        assert!(i < rx.segments.len(), "datagram {i} of a batch of {}", rx.segments.len());
+        let (m, offset, len) = rx.segments[i];
+        let (m, offset, len) = (m as usize, offset as usize, len as usize);
+        let msg = &rx.msgs[m];
+        let from = sockaddr_to(&rx.addrs[m], msg.msg_hdr.msg_namelen)?;
+        let start = m * rx.slot_len + offset;
+        let kept = len.min(RECV_SLOT);
+        let truncated = len > RECV_SLOT || msg.msg_hdr.msg_flags & libc::MSG_TRUNC != 0;
+        Some(Datagram { bytes: &rx.slots[start..start + kept], from, truncated })
+    }
+
+    /// Whether the socket takes super-packets whole (`UDP_GRO`; off with
+    /// `AGGBOX_GSO=0`): [`Transport::recv_batch`] splits them, and
+    /// [`Transport::recv`] returns one whole.
+    pub fn gro(&self) -> bool {
+        self.rx.slot_len == GRO_SLOT
     }
 
     /// Waits until a datagram is queued on the socket or `deadline` passes;
@@ -636,7 +739,7 @@ mod tests {
         let deadline = Instant::now() + Duration::from_secs(5);
         while got.len() < want && Instant::now() < deadline {
             let n = b.recv_batch().unwrap();
-            assert!(n <= BATCH);
+            assert!(n <= BATCH * GSO_MAX_SEGMENTS);
             if n == 0 {
                 b.wait_readable(deadline).unwrap();
             }
@@ -754,6 +857,35 @@ mod tests {
         assert_eq!(got.len(), BATCH);
         for (i, (c, payload)) in got.iter().enumerate() {
             assert_eq!((*c as usize, payload.as_slice()), (i, &source[i * chunk..(i + 1) * chunk]));
+        }
+    }
+    /// With UDP_GRO a message holds a whole super-packet: one `recvmmsg`
+    /// returns more datagrams than it has messages, each whole, in order.
+    #[test]
+    fn super_packets_are_received_whole_and_split_into_their_datagrams() {
+        let mut a = Transport::bind(Ipv4Addr::LOCALHOST, 0).unwrap();
+        let mut b = Transport::bind(Ipv4Addr::LOCALHOST, 0).unwrap();
+        assert!(b.gro(), "UDP_GRO is on by default");
+        let chunk = 1432;
+        let total = 3 * BATCH;
+        let source: Vec<u8> = (0..total * chunk).map(|i| (i % 241) as u8).collect();
+        let mut header = Header::new(crate::wire::Kind::BcastData, 1, 2, 0, 3);
+        for batch in 0..3 {
+            for i in batch * BATCH..(batch + 1) * BATCH {
+                header.chunk = i as u32;
+                a.queue(&header, i * chunk..(i + 1) * chunk, b.local_addr());
+            }
+            assert_eq!(a.flush(&source).unwrap(), BATCH);
+        }
+        assert!(b.wait_readable(Instant::now() + std::time::Duration::from_secs(5)).unwrap());
+        let n = b.recv_batch().unwrap();
+        assert_eq!(n, total, "{} super-packets, all in one recvmmsg", a.gso_sends().0);
+        for i in 0..n {
+            let d = b.datagram(i).unwrap();
+            assert!(!d.truncated);
+            let (got, _) = Header::read_from(d.bytes).unwrap();
+            assert_eq!(got.chunk as usize, i);
+            assert_eq!(&d.bytes[HDR_LEN..], &source[i * chunk..(i + 1) * chunk], "datagram {i}");
         }
     }
 }
