@@ -63,8 +63,20 @@ fn case_args(cases: &[String]) -> Vec<String> {
 /// Runs `cases` on every host with `datapath_of`; checks that every rank
 /// matched every broadcast and returns each rank's report.
 fn run_cases(cluster: &Cluster, datapath_of: &dyn Fn(usize) -> &'static str, cases: &[String]) -> Vec<HashMap<String, String>> {
+    run_cases_env(cluster, datapath_of, cases, &|_| Vec::new())
+}
+
+/// The environment variables of one host's rank.
+type EnvOf<'a> = &'a dyn Fn(usize) -> Vec<(&'static str, &'static str)>;
+
+/// [`run_cases`] with host `i`'s rank given the variables `env_of(i)`.
+fn run_cases_env(cluster: &Cluster, datapath_of: &dyn Fn(usize) -> &'static str, cases: &[String], env_of: EnvOf) -> Vec<HashMap<String, String>> {
     let start = Instant::now();
-    let ranks = spawn(cluster, datapath_of, &case_args(cases), &[]);
+    let args = case_args(cases);
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let ranks: Vec<RankProcess> = (0..HOSTS)
+        .map(|i| RankProcess::spawn(cluster, i, 0, MASTER_PORT, i, HOSTS, datapath_of(i), &rank_binary(), &args, &env_of(i)))
+        .collect();
     let expected = broadcasts_in(cases);
     let reports: Vec<_> = ranks
         .into_iter()
@@ -309,26 +321,71 @@ fn a_256_mib_broadcast_on_the_kernel_and_mixed_datapaths() {
     }
 }
 
+/// A group on a plain bridge where every other host sends without GSO
+/// (`AGGBOX_GSO=0`: one datagram per chunk, as from a kernel or route that
+/// refuses it): their chunks reach TC ingress one by one, the others' as
+/// super-chunks, and every receiver gets every byte of both.
+#[test]
+fn a_group_where_some_hosts_send_without_gso() {
+    let _serial = serial();
+    let cluster = Cluster::temporary_plain(HOSTS, 1500).unwrap();
+    let cases: Vec<String> =
+        [format!("{}:all", P + 1), format!("{}:all", MIB + 7), format!("{}:0,3", 16 * MIB)].into_iter().collect();
+    let gso_off = |i: usize| i % 2 == 1;
+    let env_of = move |i: usize| if gso_off(i) { vec![("AGGBOX_GSO", "0")] } else { Vec::new() };
+    for datapath_of in [kernel as fn(usize) -> &'static str, mixed] {
+        let reports = run_cases_env(&cluster, &datapath_of, &cases, &env_of);
+        assert_eq!(total(&reports, "chunks_sent"), expected_chunks(&cases, &datapath_of));
+        assert_kernel_work(&reports, &cases, &datapath_of);
+        for (i, r) in reports.iter().enumerate() {
+            if gso_off(i) {
+                assert_eq!(number(r, "gso_sends"), 0, "rank {i} has GSO off: {r:?}");
+            } else {
+                assert!(number(r, "gso_sends") > 0, "rank {i} sent super-chunks as a root: {r:?}");
+            }
+        }
+        assert!(total(&reports, "k_superchunks") > 0, "the GSO roots' super-chunks were placed whole");
+    }
+}
+
 #[test]
 fn loss_duplication_and_reordering_are_repaired() {
     let _serial = serial();
-    repair_on(Cluster::temporary(HOSTS).unwrap());
+    repair_on(Cluster::temporary(HOSTS).unwrap(), &|_| Vec::new());
 }
 
 /// On a plain bridge a fault drops, repeats or delays a whole super-chunk.
 #[test]
 fn loss_of_whole_super_chunks_is_repaired_on_a_plain_bridge() {
     let _serial = serial();
-    repair_on(Cluster::temporary_plain(HOSTS, 1500).unwrap());
+    repair_on(Cluster::temporary_plain(HOSTS, 1500).unwrap(), &|_| Vec::new());
 }
 
-fn repair_on(mut cluster: Cluster) {
+/// Where a hop segments (here: XDP on every bridge port turns GSO off on
+/// the hosts' eth0, so each super-chunk leaves the sender as single
+/// datagrams) the hosts still on the TC hooks get single segments, and a
+/// fault drops, repeats or delays one segment of a super-chunk, not all.
+#[test]
+fn loss_of_single_segments_is_repaired_where_a_hop_segments() {
+    let _serial = serial();
+    let reports = repair_on(Cluster::temporary(HOSTS).unwrap(), &|_| vec![("AGGBOX_HOOKS", "tc")]);
+    for (i, r) in reports.iter().enumerate() {
+        assert_eq!(r["hooks"], "tc", "rank {i}: {r:?}");
+    }
+    assert!(total(&reports, "gso_sends") > 0, "the roots sent super-chunks");
+    assert_eq!(total(&reports, "k_superchunks"), 0, "none reached a receiver whole: the sender's eth0 segmented them");
+}
+
+/// Runs the loss matrix under 10% loss, 2% duplication and 5% reordering on
+/// `cluster`'s ports; returns the kernel datapath's reports.
+fn repair_on(mut cluster: Cluster, env_of: EnvOf) -> Vec<HashMap<String, String>> {
     cluster.inject_faults(FaultSpec::percent(10.0, 2.0).reorder(5.0)).unwrap();
     let mut cases: Vec<String> = [0, 1, P - 1, P, P + 1, MIB + 7].iter().map(|s| format!("{s}:all")).collect();
     cases.push(format!("{}:5", 64 * MIB));
-    for datapath_of in [user as fn(usize) -> &'static str, kernel, mixed] {
+    let mut kernel_reports = Vec::new();
+    for (k, datapath_of) in [user as fn(usize) -> &'static str, kernel, mixed].into_iter().enumerate() {
         let before = cluster.fault_stats().unwrap();
-        let reports = run_cases(&cluster, &datapath_of, &cases);
+        let reports = run_cases_env(&cluster, &datapath_of, &cases, env_of);
         let after = cluster.fault_stats().unwrap();
         let dropped: u64 = after.iter().zip(&before).map(|(a, b)| a.dropped - b.dropped).sum();
         let duplicated: u64 = after.iter().zip(&before).map(|(a, b)| a.duplicated - b.duplicated).sum();
@@ -341,7 +398,11 @@ fn repair_on(mut cluster: Cluster) {
         assert!(total(&reports, "duplicates") > 0, "duplicates were seen and not placed twice");
         assert_eq!(total(&reports, "chunks_sent"), expected_chunks(&cases, &datapath_of), "first transmissions");
         assert_kernel_work(&reports, &cases, &datapath_of);
+        if k == 1 {
+            kernel_reports = reports; // the kernel datapath's
+        }
     }
+    kernel_reports
 }
 
 #[test]
