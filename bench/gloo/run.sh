@@ -57,7 +57,7 @@ timeout_s=${AGGBOX_GLOO_TIMEOUT:-900}
 for ((i = 0; i < hosts; i++)); do
   ns=$prefix-h$i
   [[ -e /run/netns/$ns ]] || {
-    echo "run.sh: namespace $ns does not exist (aggbox cluster up --plain --hosts $hosts --prefix $prefix)" >&2
+    echo "run.sh: namespace $ns does not exist (aggbox cluster up --hosts $hosts --prefix $prefix)" >&2
     exit 1
   }
   if [[ -n $(ip -n "$ns" route show default 2>/dev/null) ]]; then

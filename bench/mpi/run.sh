@@ -16,7 +16,7 @@
 # SIZEs; built with mpicxx and -I examples/cpp for train_model.hpp).
 #
 # `aggbox bench broadcast|allreduce|barrier|train` run it on a plain cluster
-# (`aggbox cluster up --plain`: no program on any interface), the network a
+# (`aggbox cluster up`: no program on any interface), the network a
 # user runs Open MPI on; on a cluster without --plain, TCP runs without
 # TSO/GSO (see README.md, Pitfalls).
 #

@@ -2,10 +2,13 @@
 //!
 //! The benches that compare AggBox with Open MPI and Gloo (broadcast,
 //! allreduce, barrier) run each system on the network it would run on, one
-//! cluster at a time: AggBox on its own cluster (a bare XDP program on every
-//! bridge port, which its `XDP_TX` replies need), then Open MPI and Gloo, one
+//! cluster at a time: AggBox on its own cluster, then Open MPI and Gloo, one
 //! after the other, on a plain cluster (no program on any interface, so TCP
-//! keeps TSO/GSO), with the same hosts and MTU; ratios are against those. Each run writes a JSON file and a PNG plot
+//! keeps TSO/GSO), with the same hosts and MTU; ratios are against those.
+//! AggBox's cluster is a plain bridge too for broadcast (its programs on the
+//! TC hooks); for the benches whose kernel half is still XDP's (barrier,
+//! allreduce, train) it has a bare XDP program on every bridge port, which
+//! `XDP_TX` replies need. Each run writes a JSON file and a PNG plot
 //! ([`crate::results`]); `aggbox bench report` makes docs/BENCHMARKS.md's
 //! generated section from them. Progress goes to stderr.
 
@@ -47,22 +50,35 @@ pub struct RunOpts {
 }
 
 impl RunOpts {
-    /// A cluster of `hosts` hosts at `mtu`: AggBox's, or plain (no program
-    /// on any interface).
-    fn cluster(&self, hosts: usize, mtu: u32, plain: bool) -> Result<Cluster, String> {
+    /// A cluster of `hosts` hosts at `mtu` for AggBox's ranks (named
+    /// `<PREFIX>-agg`): a plain bridge, the network users have, where
+    /// AggBox puts its programs on the TC hooks; or, with `xdp_bridge`, a
+    /// bridge with a bare XDP program on every port, which the collectives
+    /// whose kernel half is XDP still need (the reductions, until they have
+    /// a TC half).
+    fn aggbox_cluster(&self, hosts: usize, mtu: u32, xdp_bridge: bool) -> Result<Cluster, String> {
+        self.cluster_named("agg", hosts, mtu, !xdp_bridge)
+    }
+
+    /// A plain cluster of `hosts` hosts at `mtu` (no program on any
+    /// interface; named `<PREFIX>-plain`), for the peers AggBox is
+    /// compared with.
+    fn plain_cluster(&self, hosts: usize, mtu: u32) -> Result<Cluster, String> {
+        self.cluster_named("plain", hosts, mtu, true)
+    }
+
+    fn cluster_named(&self, suffix: &str, hosts: usize, mtu: u32, plain: bool) -> Result<Cluster, String> {
         let cluster = match &self.prefix {
-            Some(prefix) => {
-                let prefix = format!("{prefix}-{}", if plain { "plain" } else { "agg" });
-                Cluster::up(ClusterSpec::new(prefix, hosts).with_mtu(mtu).with_plain(plain))
-            }
+            Some(prefix) => Cluster::up(ClusterSpec::new(format!("{prefix}-{suffix}"), hosts).with_mtu(mtu).with_plain(plain)),
             None if plain => Cluster::temporary_plain(hosts, mtu),
             None => Cluster::temporary_with_mtu(hosts, mtu),
         }
         .map_err(|e| e.to_string())?;
         progress(&format!(
-            "{} cluster {} is up: {hosts} hosts, MTU {mtu}",
-            if plain { "plain" } else { "AggBox's" },
-            cluster.prefix()
+            "{} cluster {} is up: {hosts} hosts, MTU {mtu}{}",
+            if suffix == "agg" { "AggBox's" } else { "the peers'" },
+            cluster.prefix(),
+            if plain { ", a plain bridge" } else { ", XDP on the bridge ports" }
         ));
         Ok(cluster)
     }
@@ -97,8 +113,8 @@ pub enum Bench {
         run: RunOpts,
     },
     /// Broadcast latency, throughput and wake-ups on N hosts: kernel vs user
-    /// datapath on AggBox's cluster vs Open MPI and Gloo (when installed) on
-    /// a plain one, plus the UDP floor.
+    /// datapath on a plain bridge (AggBox's programs on the TC hooks) vs
+    /// Open MPI and Gloo (when installed) on another, plus the UDP floor.
     Broadcast {
         /// Number of hosts (one rank each).
         #[arg(long, default_value_t = 8)]
@@ -333,6 +349,17 @@ fn network_of(cluster: &Cluster) -> Network {
             tso,
         }
     }
+}
+
+/// The network AggBox's ranks ran on, as a run file records it: kind
+/// `aggbox` (its rows' network) whether the bridge is plain or not.
+fn aggbox_network_of(cluster: &Cluster) -> Network {
+    let mut network = network_of(cluster);
+    if cluster.is_plain() {
+        network.kind = "aggbox".into();
+        network.description = format!("AggBox's cluster, {}: AggBox's programs on the TC hooks of the hosts' eth0", network.description);
+    }
+    network
 }
 
 /// What one rank process printed, and whether it succeeded.
@@ -572,7 +599,7 @@ fn peers_on_plain(opts: &RunOpts, run: &mut RunFile, jobs: PeerJobs) -> Result<V
         }
     }
     if !runnable.is_empty() {
-        let plain = opts.cluster(run.hosts, run.mtu, true)?;
+        let plain = opts.plain_cluster(run.hosts, run.mtu)?;
         run.networks.push(network_of(&plain));
         for (peer, program, args) in runnable {
             let outcome = run_peer(peer, &plain, program, &args);
@@ -761,7 +788,7 @@ fn tcp(seconds: u32, rounds: u32, mtus: &[u32], opts: &RunOpts) -> Result<(), St
     let mut summary = Vec::new();
     for mtu in mtus {
         let (started, cpu_before) = (std::time::Instant::now(), cpu_seconds());
-        let cluster = opts.cluster(2, mtu, true)?;
+        let cluster = opts.plain_cluster(2, mtu)?;
         let network = network_of(&cluster);
         let mut run = RunFile::new("tcp", 2, mtu);
         let (mut without, mut with, mut modes) = (Vec::new(), Vec::new(), Vec::new());
@@ -872,8 +899,8 @@ fn barrier(hosts: usize, barriers: usize, faults: Option<FaultSpec>, mtu: u32, p
     let (started, cpu_before) = (std::time::Instant::now(), cpu_seconds());
     let mut aggbox = Vec::new();
     {
-        let mut cluster = opts.cluster(hosts, mtu, false)?;
-        run.networks.push(network_of(&cluster));
+        let mut cluster = opts.aggbox_cluster(hosts, mtu, true)?;
+        run.networks.push(aggbox_network_of(&cluster));
         if let Some(faults) = faults {
             cluster.inject_faults(faults).map_err(|e| e.to_string())?;
         }
@@ -1231,8 +1258,8 @@ pub fn broadcast(hosts: usize, mtu: u32, rounds: usize, peers: (bool, bool), opt
     let mut run = RunFile::new("broadcast", hosts, mtu);
     let (started, cpu_before) = (std::time::Instant::now(), cpu_seconds());
     let (kernel, user, floor) = {
-        let cluster = opts.cluster(hosts, mtu, false)?;
-        run.networks.push(network_of(&cluster));
+        let cluster = opts.aggbox_cluster(hosts, mtu, false)?;
+        run.networks.push(aggbox_network_of(&cluster));
         let kernel = bcast_run(&cluster, "kernel", &sizes, rounds, 29_500)?;
         let user = bcast_run(&cluster, "user", &sizes, rounds, 29_501)?;
         progress("UDP ping-pong between hosts 0 and 1");
@@ -2236,8 +2263,8 @@ pub fn allreduce(hosts: usize, mtu: u32, rounds: usize, peers: (bool, bool), opt
     let started = std::time::Instant::now();
     let cpu_before = cpu_seconds();
     let (kernel, user, aggbox_time, floor, floor_drops, floor_time) = {
-        let cluster = opts.cluster(hosts, mtu, false)?;
-        run.networks.push(network_of(&cluster));
+        let cluster = opts.aggbox_cluster(hosts, mtu, true)?;
+        run.networks.push(aggbox_network_of(&cluster));
         let kernel = allreduce_run(&cluster, "kernel", &counts, rounds, 29_510)?;
         let user = allreduce_run(&cluster, "user", &counts, rounds, 29_511)?;
         let aggbox_time = started.elapsed();
@@ -2742,8 +2769,8 @@ fn train(spec: &TrainSpec, with_mpi: bool, opts: &RunOpts) -> Result<(), String>
     let program = TrainProgram::build()?;
     let args = spec.args();
     let (kernel, user) = {
-        let cluster = opts.cluster(hosts, mtu, false)?;
-        run.networks.push(network_of(&cluster));
+        let cluster = opts.aggbox_cluster(hosts, mtu, true)?;
+        run.networks.push(aggbox_network_of(&cluster));
         let kernel = train_ranks(&cluster, &program.path, "kernel", &args, 29_530, spec.steps)?;
         let kernel = parse_train(&kernel, hosts, spec.steps, "AggBox kernel")?;
         let user = train_ranks(&cluster, &program.path, "user", &args, 29_531, spec.steps)?;

@@ -135,11 +135,15 @@ enum ClusterAction {
         /// Inject faults on the frames delivered to every host: "DROP%,DUP%" or "DROP%,DUP%,REORDER%".
         #[arg(long)]
         faults: Option<String>,
-        /// No program on any interface (not even the bare XDP program on
-        /// the bridge ports, which turns TSO/GSO off on the hosts' eth0):
-        /// the network TCP peers such as Open MPI run on. AggBox's XDP_TX
-        /// replies are not delivered there, and --faults is refused.
-        #[arg(long)]
+        /// Put a bare XDP program on every bridge port, so that XDP_TX
+        /// replies from the hosts are delivered: what the reductions'
+        /// kernel half still needs (it turns TSO/GSO off on the hosts'
+        /// eth0). Without it the bridge is plain, the network users have,
+        /// and AggBox puts its programs on the TC hooks.
+        #[arg(long, conflicts_with = "plain")]
+        xdp_bridge: bool,
+        /// A plain bridge (the default; kept for scripts that pass it).
+        #[arg(long, hide = true)]
         plain: bool,
     },
     /// Remove the cluster of that prefix.
@@ -163,7 +167,8 @@ fn run(cli: Cli) -> Result<ExitCode, String> {
             print!("{}", report.render());
             Ok(if report.user_ok { ExitCode::SUCCESS } else { ExitCode::FAILURE })
         }
-        Command::Cluster { action: ClusterAction::Up { hosts, prefix, mtu, faults, plain } } => {
+        Command::Cluster { action: ClusterAction::Up { hosts, prefix, mtu, faults, xdp_bridge, plain: _ } } => {
+            let plain = !xdp_bridge;
             let mut cluster = Cluster::up(ClusterSpec { hosts, prefix, mtu, plain }).map_err(|e| e.to_string())?;
             if let Some(faults) = faults {
                 cluster.inject_faults(parse_faults(&faults)?).map_err(|e| e.to_string())?;
@@ -172,7 +177,7 @@ fn run(cli: Cli) -> Result<ExitCode, String> {
                 println!("{} {} {}", host.netns, host.ipv4, aggbox_core::netif::format_mac(&host.mac));
             }
             let prefix = cluster.keep().map_err(|e| e.to_string())?;
-            let kind = if plain { " (plain: no program on any interface)" } else { "" };
+            let kind = if plain { " (a plain bridge: no program on any interface)" } else { " (a bare XDP program on every bridge port)" };
             println!("cluster {prefix}{kind} is up; run a rank with: ip netns exec {prefix}-h0 <program>; remove it with: aggbox cluster down --prefix {prefix}");
             Ok(ExitCode::SUCCESS)
         }

@@ -9,10 +9,11 @@
  *
  * Prints one line on stdout, for scripts (wrapped here):
  *   rank=R size=S datapath=kernel|user barriers=N total_us=T per_barrier_us=X
- *     retransmits=N xdp_accepted=N
- * The two counters are read after the timed barriers: the datagrams this
- * rank sent again, and the AggBox packets the XDP program accepted on the
- * interface (0 on the user datapath). When AGGBOX_DATAPATH=auto fell back
+ *     retransmits=N xdp_accepted=N tc_accepted=N
+ * The counters are read after the timed barriers: the datagrams this rank
+ * sent again, and the AggBox packets the XDP and the TC ingress programs
+ * accepted on the interface (both 0 on the user datapath; XDP's 0 on the TC
+ * hooks, which virtual devices get). When AGGBOX_DATAPATH=auto fell back
  * to the user datapath, it says why on stderr. On any error it prints the
  * status and the library's message on stderr and exits with 1. Build it with
  * the Makefile beside it.
@@ -103,9 +104,10 @@ int main(int argc, char **argv) {
     }
 
     printf("rank=%d size=%d datapath=%s barriers=%ld total_us=%.0f per_barrier_us=%.2f"
-           " retransmits=%" PRIu64 " xdp_accepted=%" PRIu64 "\n",
+           " retransmits=%" PRIu64 " xdp_accepted=%" PRIu64 " tc_accepted=%" PRIu64 "\n",
            rank, size, datapath, n, total_us, total_us / (double)n, stats.retransmits,
-           stats.kernel[AGGBOX_PROG_XDP_INGRESS][AGGBOX_STAT_ACCEPTED]);
+           stats.kernel[AGGBOX_PROG_XDP_INGRESS][AGGBOX_STAT_ACCEPTED],
+           stats.kernel[AGGBOX_PROG_TC_INGRESS][AGGBOX_STAT_ACCEPTED]);
     aggbox_comm_destroy(comm);
     return 0;
 }
