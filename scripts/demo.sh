@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # AggBox's main job on one machine: set-up, build, a 4-host virtual cluster,
 # the collectives that exist so far (barrier, broadcast, the reductions, key-value reduce, approximate
-# agreement with crash recovery) run by C programs
+# agreement with crash recovery) run by C programs (and the word count by a Go one)
 # through the kernel datapath and the user datapath, what ran where and how
 # long it took, then tear-down. Needs root.
 set -euo pipefail
@@ -84,6 +84,39 @@ agree_with_crashes() {
 for datapath in kernel user; do
   echo "== approximate agreement, $HOSTS ranks with f = 1, inputs 0 to 1e6, epsilon 1e-6, $datapath datapath, with a rank killed for good and another killed and restarted mid-agreement (examples/c/agree.c)"
   agree_with_crashes "$datapath"
+done
+
+# The same library from Go (bindings/go): the examples of examples/go built
+# against the release libaggbox staged under target/go-prefix-release.
+export PATH=$PATH:/usr/local/go/bin
+go_prefix=$PWD/target/go-prefix-release
+PREFIX=$go_prefix NO_BUILD=1 PROFILE=release LDCONFIG=true bash scripts/install.sh >/dev/null
+(cd examples/go && PKG_CONFIG_PATH=$go_prefix/lib/pkgconfig GOFLAGS=-buildvcs=false \
+  go build -o "$go_prefix/bin/" ./wordcount ./paramavg)
+
+# Runs the Go example $1 (arguments $3...) on every host with datapath $2.
+run_go_everywhere() {
+  local program=$1 datapath=$2
+  shift 2
+  local pids=() out
+  out=$(mktemp -d)
+  for ((i = 0; i < HOSTS; i++)); do
+    RANK=$i WORLD_SIZE=$HOSTS MASTER_ADDR=10.77.0.1 MASTER_PORT=29700 AGGBOX_DATAPATH=$datapath \
+      LD_LIBRARY_PATH=$go_prefix/lib ip netns exec "$PREFIX-h$i" "$go_prefix/bin/$program" "$@" >"$out/$i" 2>&1 &
+    pids+=($!)
+  done
+  local rc=0
+  for pid in "${pids[@]}"; do wait "$pid" || rc=$?; done
+  for ((i = 0; i < HOSTS; i++)); do sed "s/^/  host $PREFIX-h$i: /" "$out/$i"; done
+  rm -rf "$out"
+  return "$rc"
+}
+
+for datapath in kernel user; do
+  echo "== from Go: parameter averaging, 1M f32 parameters averaged by allreduce every 5 of 50 steps, $datapath datapath (examples/go/paramavg)"
+  run_go_everywhere paramavg "$datapath" -params 1048576 -steps 50 -sync 5
+  echo "== from Go: the word count of /usr/share/common-licenses, $datapath datapath (examples/go/wordcount)"
+  run_go_everywhere wordcount "$datapath" /usr/share/common-licenses/*
 done
 
 echo "== kernel vs user datapath, barrier latency on $HOSTS hosts (measured now)"
