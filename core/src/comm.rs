@@ -322,6 +322,12 @@ impl Comm {
         self.transport.gso_sends()
     }
 
+    /// UDP GRO super-packets this communicator's socket received whole, and
+    /// the datagrams they held (see [`crate::transport`]).
+    pub fn gro_receives(&self) -> (u64, u64) {
+        self.transport.gro_receives()
+    }
+
     /// A header of this group from this rank.
     pub(crate) fn header(&self, kind: Kind, seq: u32) -> Header {
         Header::new(kind, self.group.group, self.group.token, self.config.rank as u16, seq)

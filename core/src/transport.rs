@@ -152,7 +152,7 @@ impl RecvBatch {
         for i in 0..self.filled {
             let len = self.msgs[i].msg_len as usize;
             let stride = self.gro_size(i).unwrap_or(len.max(1));
-            let mut offset = 0;
+            let (mut offset, first) = (0, self.segments.len());
             loop {
                 let seg = stride.min(len - offset);
                 self.segments.push((i as u32, offset as u32, seg as u32));
@@ -160,6 +160,11 @@ impl RecvBatch {
                 if offset >= len || self.segments.len() == self.segments.capacity() {
                     break;
                 }
+            }
+            let held = (self.segments.len() - first) as u64;
+            if held > 1 {
+                self.gro_packets += 1;
+                self.gro_segments += held;
             }
         }
     }
@@ -185,6 +190,10 @@ struct RecvBatch {
     segments: Vec<(u32, u32, u32)>,
     /// Messages the last `recvmmsg` returned.
     filled: usize,
+    /// Messages so far that were super-packets (more than one datagram),
+    /// and the datagrams they held.
+    gro_packets: u64,
+    gro_segments: u64,
 }
 
 // SAFETY: the raw pointers in `iov` and `msgs` point only into the batch's
@@ -340,6 +349,8 @@ impl Transport {
             msgs: zeroed(),
             cmsgs: [SegmentCmsg { bytes: [0; SEGMENT_CMSG_SPACE] }; BATCH],
             segments: Vec::with_capacity(BATCH * GSO_MAX_SEGMENTS),
+            gro_packets: 0,
+            gro_segments: 0,
             filled: 0,
         });
         rx.point_at_slots();
@@ -370,6 +381,12 @@ impl Transport {
     /// UDP GSO super-packets sent so far, and the datagrams they carried.
     pub fn gso_sends(&self) -> (u64, u64) {
         (self.gso_sends.get(), self.gso_segments.get())
+    }
+
+    /// UDP GRO super-packets [`Transport::recv_batch`] received so far (each
+    /// one message holding several datagrams), and the datagrams they held.
+    pub fn gro_receives(&self) -> (u64, u64) {
+        (self.rx.gro_packets, self.rx.gro_segments)
     }
 
     /// System calls made on the socket so far.
@@ -887,5 +904,6 @@ mod tests {
             assert_eq!(got.chunk as usize, i);
             assert_eq!(&d.bytes[HDR_LEN..], &source[i * chunk..(i + 1) * chunk], "datagram {i}");
         }
+        assert_eq!(b.gro_receives(), a.gso_sends(), "every super-packet sent was received whole");
     }
 }

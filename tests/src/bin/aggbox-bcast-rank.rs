@@ -145,7 +145,7 @@ fn report(comm: &Comm) {
     let kernel: Vec<String> =
         aggbox_core::maps::BSTAT_NAMES.iter().zip(kernel).map(|(name, value)| format!("k_{name}={value}")).collect();
     println!(
-        "report rank={} size={} datapath={} chunk={} broadcasts={} retransmits={} duplicates={} chunks_sent={} acks_received={} sent={} received={} xdp_accepted={} ingress_accepted={} hooks={} gso_sends={} gso_segments={} group_acks={} landed={} chunks_received={} placed_from_socket={} windowed={} {}",
+        "report rank={} size={} datapath={} chunk={} broadcasts={} retransmits={} duplicates={} chunks_sent={} acks_received={} sent={} received={} xdp_accepted={} ingress_accepted={} hooks={} gso_sends={} gso_segments={} gro_receives={} gro_segments={} group_acks={} landed={} chunks_received={} placed_from_socket={} windowed={} {}",
         comm.rank(),
         comm.size(),
         comm.datapath().name(),
@@ -162,6 +162,8 @@ fn report(comm: &Comm) {
         hooks.map_or("none", |h| h.name()),
         comm.gso_sends().0,
         comm.gso_sends().1,
+        comm.gro_receives().0,
+        comm.gro_receives().1,
         user.bcast_group_acks,
         user.bcast_landed,
         user.bcast_chunks_received,
