@@ -42,8 +42,9 @@ const LINE_COLORS: [(u8, u8, u8); 8] =
 /// The network one system ran on.
 #[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
 pub struct Network {
-    /// `aggbox` (AggBox's cluster: a bare XDP program on every bridge port)
-    /// or `plain` (no program on any interface).
+    /// `aggbox` (AggBox's cluster: a plain bridge with AggBox's programs on
+    /// the hosts' TC hooks, or a bare XDP program on every bridge port; the
+    /// description says which) or `plain` (no program on any interface).
     pub kind: String,
     /// What it was, for a reader: the programs on it, the MTU, TSO.
     pub description: String,
