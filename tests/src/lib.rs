@@ -96,6 +96,12 @@ pub fn kernel(_: usize) -> &'static str {
     "kernel"
 }
 
+/// Every rank asks for `auto`: the kernel datapath where its programs can
+/// attach (as root, here), the user datapath otherwise.
+pub fn auto(_: usize) -> &'static str {
+    "auto"
+}
+
 /// Even ranks on the kernel datapath, odd ranks on the user datapath.
 pub fn mixed(rank: usize) -> &'static str {
     if rank.is_multiple_of(2) {
