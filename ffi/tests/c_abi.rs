@@ -96,7 +96,7 @@ fn barrier_example_runs_alone() {
     assert!(line.contains(" per_barrier_us="), "{}", show(&output));
     // The counters come last, after the fields scripts already parse.
     let fields: Vec<&str> = line.split_whitespace().collect();
-    assert_eq!(fields.len(), 8, "{}", show(&output));
+    assert_eq!(fields.len(), 9, "{}", show(&output));
     assert!(
         fields[5].starts_with("per_barrier_us="),
         "{}",
@@ -110,8 +110,8 @@ fn barrier_example_runs_alone() {
         show(&output)
     );
     assert_eq!(
-        fields[7],
-        "xdp_accepted=0",
+        fields[7..],
+        ["xdp_accepted=0", "tc_accepted=0"],
         "the user datapath: {}",
         show(&output)
     );

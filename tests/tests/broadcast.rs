@@ -283,9 +283,10 @@ fn every_size_from_every_root_on_a_plain_bridge() {
 /// root starts; and a broadcast of at most one window never outruns the
 /// credit. So the kernel places every chunk and the root's kernel folds
 /// every ACK: no data packet reaches any receiver's socket, the first
-/// broadcast's included. On a plain bridge (TC hooks, super-chunks). Besides the sizes, many one-chunk broadcasts in a row: each
-/// starts with the receivers leaving the barrier and making their calls
-/// while the root's chunks arrive: the moment when a receiving process
+/// broadcast's included (on a plain bridge: TC hooks, super-chunks).
+/// Besides the sizes, many one-chunk broadcasts in a row: each starts with
+/// the receivers leaving the barrier and making their calls while the
+/// root's chunks arrive: the moment when a receiving process
 /// that took the window's claim for its call sent the chunks that came
 /// meanwhile to its socket (a few times in 320 broadcasts under CPU load,
 /// 28 chunks once in CI; the process now only reads the claim,
