@@ -120,8 +120,10 @@ struct aggbox_redctl {
 	__u8 lane; /* bytes of an integer lane: 4 or 8 */
 	__u8 fold; /* how lanes combine: AGGBOX_FOLD_* */
 	__u32 ranks; /* contributions a chunk needs, the owner's own included */
-	__u32 base; /* this rank's first chunk */
-	__u32 stride; /* chunks between two of its chunks: owned index = (chunk - base) / stride */
+	/* Chunks an owner takes in a row (docs/ALLREDUCE.md, "Who owns a
+	 * chunk"): chunk c is rank (c / run) % ranks's, the (c / run / ranks *
+	 * run + c % run)-th of its chunks. Reduce-scatter: a block. */
+	__u32 run;
 	__u32 chunk_bytes; /* bytes of a chunk */
 	__u32 last_bytes; /* bytes of the short chunk, owned index owned_last (if this rank owns it) */
 	__u32 owned_last;
@@ -130,7 +132,6 @@ struct aggbox_redctl {
 	__u32 fanout; /* 1: fan completed chunks out and place others' results */
 	__u32 result_last; /* bytes of the vector's last chunk */
 	__u32 root; /* reduce: the rank that gets the results */
-	__u32 per_block; /* reduce-scatter: chunks per block (owner = chunk / per_block); else 0 (chunk % ranks) */
 	__u32 credit; /* results of chunks below this may be placed: first chunk not done + AGGBOX_RES_SLOTS */
 	__u32 notify; /* notify the process every this many chunks landed */
 	__u32 landed; /* owned chunks XDP completed + results XDP placed */

@@ -166,9 +166,14 @@ static __always_inline int aggbox_xdp_make_result(struct xdp_md *ctx, struct agg
 /* The owner of chunk `chunk` of reduction `red`. */
 static __always_inline __u32 aggbox_red_owner(struct aggbox_redctl *red, __u32 chunk)
 {
-	if (red->per_block)
-		return chunk / red->per_block;
-	return red->ranks ? chunk % red->ranks : 0;
+	return red->run && red->ranks ? chunk / red->run % red->ranks : 0;
+}
+
+/* The index of chunk `chunk` among its owner's chunks in reduction `red`
+ * (run checked non-zero). */
+static __always_inline __u32 aggbox_red_owned(struct aggbox_redctl *red, __u32 chunk)
+{
+	return red->ranks ? chunk / red->run / red->ranks * red->run + chunk % red->run : 0;
 }
 
 /* Whether rank `rank` gets the result of a chunk it does not own in
@@ -210,13 +215,12 @@ static __always_inline int aggbox_xdp_red_data(struct xdp_md *ctx, struct aggbox
 		goto to_user;
 	red = &ctl->red[phase];
 	if (red->seq == 0 || hdr->seq != red->seq || hdr->nchunks != red->nchunks || hdr->count != red->count ||
-	    hdr->dtype != red->dtype || hdr->op != red->op || chunk >= red->nchunks || chunk < red->base ||
-	    red->stride == 0 || (red->lane != 4 && red->lane != 8) || red->ranks == 0 ||
-	    red->fold > AGGBOX_FOLD_MAX_U)
+	    hdr->dtype != red->dtype || hdr->op != red->op || chunk >= red->nchunks || red->run == 0 ||
+	    (red->lane != 4 && red->lane != 8) || red->ranks == 0 || red->fold > AGGBOX_FOLD_MAX_U)
 		goto to_user;
-	if ((chunk - red->base) % red->stride)
+	if (aggbox_red_owner(red, chunk) != red->rank)
 		goto to_user; /* not this rank's chunk: user space says so */
-	owned = (chunk - red->base) / red->stride;
+	owned = aggbox_red_owned(red, chunk);
 	len = bpf_ntohs(pkt->udp->len) - sizeof(struct udphdr) - sizeof(*hdr);
 	want = owned == red->owned_last ? red->last_bytes : red->chunk_bytes;
 	if (len != want || len == 0 || len > AGGBOX_CHUNK_MAX || len % red->lane)

@@ -3103,8 +3103,7 @@ fn fold_case(
         lane: lane as u8,
         fold: FOLD_ADD,
         ranks: FOLD_RANKS,
-        base: 0,
-        stride: 1,
+        run: 1,
         chunk_bytes: FOLD_BYTES as u32,
         owned_last: u32::MAX,
         ..RedCtl::default()

@@ -162,10 +162,9 @@ pub struct RedCtl {
     pub fold: u8,
     /// Contributions a chunk needs, the owner's own included.
     pub ranks: u32,
-    /// This rank's first chunk.
-    pub base: u32,
-    /// Chunks between two of its chunks.
-    pub stride: u32,
+    /// Chunks an owner takes in a row: chunk `c` is rank `(c / run) %
+    /// ranks`'s (reduce-scatter: a block).
+    pub run: u32,
     /// Bytes of a chunk.
     pub chunk_bytes: u32,
     /// Bytes of the short chunk (owned index `owned_last`).
@@ -180,8 +179,6 @@ pub struct RedCtl {
     pub result_last: u32,
     /// Reduce: the rank that gets the results.
     pub root: u32,
-    /// Reduce-scatter: chunks per block (owner = chunk / per_block); else 0.
-    pub per_block: u32,
     /// Results of chunks below this may be placed.
     pub credit: u32,
     /// Notify the process every this many chunks landed.
@@ -527,7 +524,7 @@ mod tests {
             "offsetof(struct aggbox_redctl, rank)",
             "offsetof(struct aggbox_redctl, credit)",
             "offsetof(struct aggbox_redctl, landed)",
-            "offsetof(struct aggbox_redctl, per_block)",
+            "offsetof(struct aggbox_redctl, run)",
             "offsetof(struct aggbox_redctl, notified)",
             "AGGBOX_FOLD_MAX_U",
             "AGGBOX_RES_SLOTS",
@@ -598,7 +595,7 @@ mod tests {
             offset_of!(RedCtl, rank),
             offset_of!(RedCtl, credit),
             offset_of!(RedCtl, landed),
-            offset_of!(RedCtl, per_block),
+            offset_of!(RedCtl, run),
             offset_of!(RedCtl, notified),
             FOLD_MAX_U as usize,
             RES_SLOTS as usize,

@@ -2,10 +2,12 @@
 //! (docs/ALLREDUCE.md).
 //!
 //! Aggregation is sharded. The vector is cut into chunks of the group's
-//! chunk size, and each chunk has one owner: chunk `c` is reduced at rank
-//! `c % N` (allreduce, reduce), or at the rank whose block holds it
-//! (reduce-scatter). Every other rank sends the owner its contribution
-//! (`RED_DATA`). The owner folds each contribution once (a bitmap of
+//! chunk size, and each chunk has one owner: the owners take runs of
+//! consecutive chunks in turn, chunk `c` is reduced at rank `(c / run) %
+//! N` (`Plan::run`: as many chunks as one UDP GSO super-packet carries, or
+//! fewer when the vector is short; reduce-scatter: a rank's block). Every
+//! other rank sends the owner its contribution (`RED_DATA`), a run of
+//! chunks as one super-packet. The owner folds each contribution once (a bitmap of
 //! contributors per chunk), and when the last one arrives it sends the
 //! result (`RED_RESULT`) to the ranks that need it and `RED_DONE` to the
 //! other contributors. A result or a DONE is also the contributor's
@@ -42,9 +44,17 @@ use crate::{
     dtype::{as_bytes, as_bytes_mut, Dtype, Element},
     op::{self, ReduceOp},
     quant,
+    transport::{GSO_MAX_BYTES, GSO_MAX_SEGMENTS},
     wire::{Header, Kind, FLAG_MISMATCH, FLAG_RETRANSMIT, HDR_LEN},
     Error, Result,
 };
+
+/// The most chunks of `chunk` bytes an owner takes in a row: as many
+/// datagrams as one UDP GSO super-packet carries, so that a contributor
+/// sends each run as one.
+fn run_max(chunk: usize) -> usize {
+    (GSO_MAX_BYTES / (HDR_LEN + chunk)).clamp(1, GSO_MAX_SEGMENTS)
+}
 
 /// Contributions a rank keeps in flight: chunks past the first one not yet
 /// acknowledged.
@@ -127,14 +137,14 @@ struct Plan {
     /// Reduce-scatter: chunks per block.
     per_block: usize,
     nchunks: usize,
+    /// Chunks an owner takes in a row: chunk `c` is rank `(c / run) %
+    /// ranks`'s. Reduce-scatter: `per_block`.
+    run: usize,
 }
 
 impl Plan {
     fn owner(&self, chunk: usize) -> usize {
-        match self.coll {
-            Collective::Allreduce | Collective::Reduce => chunk % self.ranks,
-            Collective::ReduceScatter => chunk / self.per_block,
-        }
+        chunk / self.run % self.ranks
     }
 
     /// The elements of chunk `chunk` in the whole vector.
@@ -169,37 +179,21 @@ impl Plan {
     /// The chunks this rank owns, in order, and the index of `chunk` among
     /// them (its place in the accumulator).
     fn owned_index(&self, chunk: usize) -> usize {
-        match self.coll {
-            Collective::Allreduce | Collective::Reduce => chunk / self.ranks,
-            Collective::ReduceScatter => chunk % self.per_block,
-        }
+        chunk / self.run / self.ranks * self.run + chunk % self.run
     }
 
     fn owned_chunks(&self) -> impl Iterator<Item = usize> + '_ {
-        let me = self.me;
-        let (start, step, end) = match self.coll {
-            Collective::Allreduce | Collective::Reduce => (me, self.ranks, self.nchunks),
-            Collective::ReduceScatter => (me * self.per_block, 1, (me + 1) * self.per_block),
-        };
-        (start..end).step_by(step)
+        (0..).map_while(move |owned| self.owned_chunk(owned))
     }
 
     /// The chunk whose owned index (among this rank's chunks) is `owned`.
     fn owned_chunk(&self, owned: usize) -> Option<usize> {
-        let chunk = match self.coll {
-            Collective::Allreduce | Collective::Reduce => self.me + owned * self.ranks,
-            Collective::ReduceScatter if owned < self.per_block => self.me * self.per_block + owned,
-            Collective::ReduceScatter => return None,
-        };
+        let chunk = (owned / self.run * self.ranks + self.me) * self.run + owned % self.run;
         (chunk < self.nchunks).then_some(chunk)
     }
 
     /// What XDP checks a contribution against (`struct aggbox_redctl`).
     fn red_ctl(&self) -> RedCtl {
-        let (base, stride) = match self.coll {
-            Collective::Allreduce | Collective::Reduce => (self.me, self.ranks),
-            Collective::ReduceScatter => (self.me * self.per_block, 1),
-        };
         // The one owned chunk that may be short: the last of the vector
         // (allreduce, reduce) or of this rank's block (reduce-scatter).
         let short = match self.coll {
@@ -219,8 +213,7 @@ impl Plan {
             lane: self.lanes.size() as u8,
             fold: self.fold_code(),
             ranks: self.ranks as u32,
-            base: base as u32,
-            stride: stride as u32,
+            run: self.run as u32,
             chunk_bytes: (self.per_chunk * self.dtype.size()) as u32,
             last_bytes,
             owned_last,
@@ -228,7 +221,6 @@ impl Plan {
             fanout: 1,
             result_last: self.bytes(self.nchunks.saturating_sub(1)).len() as u32,
             root: self.root as u32,
-            per_block: if self.coll == Collective::ReduceScatter { self.per_block as u32 } else { 0 },
             credit: self.nchunks.min(RES_SLOTS as usize) as u32,
             notify: RES_SLOTS / 2,
             landed: 0,
@@ -255,10 +247,9 @@ impl Plan {
 
     /// The owned index of this rank's first owned chunk at or after `chunk`.
     fn first_owned_from(&self, chunk: usize) -> usize {
-        match self.coll {
-            Collective::Allreduce | Collective::Reduce => chunk.saturating_sub(self.me).div_ceil(self.ranks),
-            Collective::ReduceScatter => chunk.saturating_sub(self.me * self.per_block).min(self.per_block),
-        }
+        let (cycle, within) = (chunk / (self.run * self.ranks), chunk % (self.run * self.ranks));
+        let mine = self.me * self.run;
+        cycle * self.run + within.saturating_sub(mine).min(self.run)
     }
 
     /// Chunks past the first not done a contributor keeps in flight: on
@@ -588,6 +579,10 @@ impl Comm {
             }
             _ => (0, count.div_ceil(per_chunk)),
         };
+        let run = match coll {
+            Collective::ReduceScatter => per_block.max(1),
+            _ => nchunks.div_ceil(self.size()).clamp(1, run_max(self.chunk)),
+        };
         Ok(Plan {
             seq: self.red.seq.wrapping_add(1),
             coll,
@@ -604,6 +599,7 @@ impl Comm {
             per_chunk,
             per_block,
             nchunks,
+            run,
         })
     }
 
@@ -1230,18 +1226,19 @@ impl Comm {
         Ok(())
     }
 
-    /// Sends every other rank the answer to its contribution to completed
-    /// chunk `chunk`.
     /// Sends every other rank the answers to its contributions to the
-    /// chunks completed since the last call, batched.
+    /// chunks completed since the last call, batched: rank by rank, in
+    /// chunk order, so that a run of results to one rank leaves as one
+    /// super-packet.
     fn red_send_answers(&mut self, plan: &Plan) -> Result<()> {
         if self.red.answers.is_empty() {
             return Ok(());
         }
-        let answers = std::mem::take(&mut self.red.answers);
+        let mut answers = std::mem::take(&mut self.red.answers);
+        answers.sort_unstable();
         let result = (|| {
-            for &chunk in &answers {
-                for rank in (0..plan.ranks).filter(|&r| r != plan.me) {
+            for rank in (0..plan.ranks).filter(|&r| r != plan.me) {
+                for &chunk in &answers {
                     self.red_answer(plan, chunk as usize, rank, false)?;
                 }
             }

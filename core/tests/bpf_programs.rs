@@ -567,7 +567,7 @@ fn xdp_folds_contributions_at_the_owner_and_completes_once() {
     g.peers.push(PeerInfo { rank: 2, ipv4: THIRD_IP, mac: [2, 0, 0, 0, 0, 3], port: THIRD_PORT, datapath: Datapath::Kernel, mtu: 1500 });
     let windows = h.register_with_windows(LOCAL_IP, LOCAL_PORT, &g, CTL).unwrap();
     // Allreduce #5 of two chunks of i32 on 3 ranks: this rank (0) owns
-    // chunk 0 (chunk % 3), owned index 0.
+    // chunk 0 (runs of 1: chunk % 3), owned index 0.
     let lanes = P / 4;
     let count = 2 * lanes as u32;
     windows.arm_red(&RedCtl {
@@ -578,8 +578,7 @@ fn xdp_folds_contributions_at_the_owner_and_completes_once() {
         op: 0x10,
         lane: 4,
         ranks: 3,
-        base: 0,
-        stride: 3,
+        run: 1,
         chunk_bytes: P as u32,
         owned_last: u32::MAX,
         ..RedCtl::default() // no fan-out: the RED_SUM path of the other collectives
@@ -629,7 +628,7 @@ fn xdp_folds_contributions_at_the_owner_and_completes_once() {
     // Reduction #6, armed ahead with #5's parameters (the other phase):
     // rank 1's contribution comes before this rank's call and is folded
     // into the zeroed slot; the call joins with its own; rank 2's completes.
-    let ahead = RedCtl { seq: 6, nchunks: 2, count, dtype: 1, op: 0x10, lane: 4, ranks: 3, base: 0, stride: 3, chunk_bytes: P as u32, owned_last: u32::MAX, ..RedCtl::default() };
+    let ahead = RedCtl { seq: 6, nchunks: 2, count, dtype: 1, op: 0x10, lane: 4, ranks: 3, run: 1, chunk_bytes: P as u32, owned_last: u32::MAX, ..RedCtl::default() };
     windows.arm_red_ahead(&ahead, 1);
     let mut e1 = red_header(1, 6, 0, 2, count);
     e1.extend(i32_bytes(&c1));
@@ -661,7 +660,7 @@ fn the_atomic_add_fold_variant_loads_and_sums() {
     let windows = h.register_with_windows(LOCAL_IP, LOCAL_PORT, &g, CTL).unwrap();
     let lanes = P / 4;
     let count = 2 * lanes as u32;
-    windows.arm_red(&RedCtl { seq: 5, nchunks: 2, count, dtype: 1, op: 0x10, lane: 4, ranks: 3, base: 0, stride: 3, chunk_bytes: P as u32, owned_last: u32::MAX, ..RedCtl::default() });
+    windows.arm_red(&RedCtl { seq: 5, nchunks: 2, count, dtype: 1, op: 0x10, lane: 4, ranks: 3, run: 1, chunk_bytes: P as u32, owned_last: u32::MAX, ..RedCtl::default() });
     let own: Vec<i32> = (0..lanes as i32).map(|i| i * 3 - 1000).collect();
     let c1: Vec<i32> = (0..lanes as i32).map(|i| i32::MAX - i).collect();
     let c2: Vec<i32> = (0..lanes as i32).map(|i| i * i - 7).collect();
@@ -715,15 +714,13 @@ fn xdp_turns_the_completing_contribution_into_the_result_and_places_others_resul
         lane: 4,
         fold: FOLD_ADD,
         ranks: 3,
-        base: 0,
-        stride: 3,
+        run: 1,
         chunk_bytes: P as u32,
         owned_last: u32::MAX,
         rank: 0,
         fanout: 1,
         result_last: P as u32,
         root: 0,
-        per_block: 0,
         credit: 2,
         notify: 64,
         landed: 0,
@@ -795,7 +792,7 @@ fn xdp_turns_the_completing_contribution_into_the_result_and_places_others_resul
     // Reduce-scatter #9 (blocks of one chunk: chunk c is rank c's): this
     // rank gets no result of chunk 1, only its owner's DONE, which XDP
     // marks in the result window and counts as landed.
-    windows.arm_red(&RedCtl { seq: 9, op: 0x30, per_block: 1, nchunks: 3, landed: 0, target: 3, credit: 3, ..armed });
+    windows.arm_red(&RedCtl { seq: 9, op: 0x30, nchunks: 3, landed: 0, target: 3, credit: 3, ..armed });
     let mut done = bcast_header(12, 1, 9, 1, 3, count); // RED_DONE
     done[14] = 1;
     done[15] = 0x30;
