@@ -7,8 +7,8 @@
 //! N` (`Plan::run`: as many chunks as one UDP GSO super-packet carries, or
 //! fewer when the vector is short; reduce-scatter: a rank's block). Every
 //! other rank sends the owner its contribution (`RED_DATA`), a run of
-//! chunks as one super-packet. The owner folds each contribution once (a bitmap of
-//! contributors per chunk), and when the last one arrives it sends the
+//! chunks as one super-packet. The owner folds each contribution once (a
+//! bitmap of contributors per chunk), and when the last one arrives it sends the
 //! result (`RED_RESULT`) to the ranks that need it and `RED_DONE` to the
 //! other contributors. A result or a DONE is also the contributor's
 //! acknowledgment: a contributor sends its contributions in a window, and
@@ -1432,6 +1432,46 @@ impl Comm {
 mod tests {
     use super::*;
     use crate::comm::testing::ranks;
+
+    /// The owners' geometry (runs of chunks) against a plain loop over
+    /// every chunk: which chunks a rank owns, in what order, their owned
+    /// indices, and the first owned at or after any chunk.
+    #[test]
+    fn runs_of_chunks_match_a_plain_loop() {
+        for (nchunks, ranks, run) in [(1, 1, 1), (7, 3, 1), (7, 3, 2), (100, 8, 44), (353, 8, 44), (12, 4, 3)] {
+            for me in 0..ranks {
+                let plan = Plan {
+                    seq: 1,
+                    coll: Collective::Allreduce,
+                    dtype: Dtype::I32,
+                    op: ReduceOp::Sum,
+                    lanes: Dtype::I32,
+                    fold_op: ReduceOp::Sum,
+                    kernel: false,
+                    root: 0,
+                    ranks,
+                    me,
+                    count: nchunks,
+                    block: 0,
+                    per_chunk: 1,
+                    per_block: 0,
+                    nchunks,
+                    run,
+                };
+                let mine: Vec<usize> = (0..nchunks).filter(|c| (c / run) % ranks == me).collect();
+                assert_eq!(plan.owned_chunks().collect::<Vec<_>>(), mine, "{nchunks} chunks, {ranks} ranks, run {run}, rank {me}");
+                for (i, &c) in mine.iter().enumerate() {
+                    assert_eq!(plan.owner(c), me);
+                    assert_eq!(plan.owned_index(c), i);
+                    assert_eq!(plan.owned_chunk(i), Some(c));
+                }
+                assert_eq!(plan.owned_chunk(mine.len()), None);
+                for c in 0..=nchunks {
+                    assert_eq!(plan.first_owned_from(c), mine.iter().filter(|&&m| m < c).count(), "first owned from {c}");
+                }
+            }
+        }
+    }
 
     /// Rank `rank`'s input: distinct per rank and element.
     fn input(rank: usize, len: usize) -> Vec<i64> {
