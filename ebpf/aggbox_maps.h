@@ -381,7 +381,8 @@ enum aggbox_rstat {
 	AGGBOX_RSTAT_CONTENDED = 9, /* XDP: MIN/MAX contributions that lost too many races, left to the process */
 	AGGBOX_RSTAT_RES_TO_USER = 10, /* XDP: RED_RESULT left to user space (unarmed, beyond credit, odd) */
 	AGGBOX_RSTAT_FORGED = 11, /* XDP: kernel-internal kinds or flags that came from the wire, dropped */
-	AGGBOX_RSTAT_MAX = 12,
+	AGGBOX_RSTAT_BAD_SEGMENTS = 12, /* TC: super-chunks whose segments disagree with each other or the call, dropped */
+	AGGBOX_RSTAT_MAX = 13,
 };
 
 struct {
@@ -395,6 +396,15 @@ struct {
 static __always_inline void aggbox_rcount(enum aggbox_rstat stat)
 {
 	aggbox_percpu_inc(&ab_rstats, stat);
+}
+
+static __always_inline void aggbox_rcount_n(enum aggbox_rstat stat, __u32 n)
+{
+	__u32 idx = stat;
+	__u64 *value = bpf_map_lookup_elem(&ab_rstats, &idx);
+
+	if (value)
+		*value += n;
 }
 
 /*

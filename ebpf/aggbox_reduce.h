@@ -54,12 +54,16 @@
  * successful write to that lane). */
 #define AGGBOX_RED_TRIES 4
 
+/* A slot's `done` once complete: who sends the chunk's results. */
+#define AGGBOX_RED_DONE_KERNEL 1 /* the kernel (its fan-out), or it told the process with a RED_SUM */
+#define AGGBOX_RED_DONE_PROCESS 2 /* the process, which finds it so in the slot (TC hooks) */
+
 /* One owned chunk being summed. */
 struct aggbox_redslot {
 	__u64 tag; /* (seq << 32 | chunk) it sums; 0: not prepared */
 	__u64 bits[AGGBOX_RANK_WORDS]; /* contributors folded (the owner's own included) */
 	__u32 count; /* contributors folded */
-	__u32 done; /* 1 once complete */
+	__u32 done; /* AGGBOX_RED_DONE_* once complete, else 0 */
 	/* CPUs between their tag check and the end of their fold: the process
 	 * waits for 0 (after untagging) before it reuses the slot. */
 	__u32 inflight;

@@ -30,9 +30,10 @@ static __always_inline int aggbox_tc_dest(struct __sk_buff *skb, __u32 *ip, __u1
 	return 0;
 }
 
-/* Points the frame at `rank` (key->group set) and sends a copy there. */
+/* Points the frame (of `chunks` results) at `rank` (key->group set) and
+ * sends a copy there. */
 static __always_inline int aggbox_tc_red_copy(struct __sk_buff *skb, struct aggbox_member_key *key, __u32 rank,
-					       __u32 *cur_ip, __u16 *cur_port)
+					       __u32 chunks, __u32 *cur_ip, __u16 *cur_port)
 {
 	struct aggbox_member *member;
 
@@ -41,7 +42,7 @@ static __always_inline int aggbox_tc_red_copy(struct __sk_buff *skb, struct aggb
 	if (!member || aggbox_retarget(skb, member, cur_ip, cur_port))
 		return -1;
 	if (bpf_clone_redirect(skb, skb->ifindex, 0) == 0)
-		aggbox_rcount(AGGBOX_RSTAT_FANNED_OUT);
+		aggbox_rcount_n(AGGBOX_RSTAT_FANNED_OUT, chunks);
 	return 0;
 }
 
@@ -54,6 +55,7 @@ struct aggbox_copies {
 	__u32 size;
 	__u32 skip; /* a rank that gets no copy (this one, or the root that got the result) */
 	__u32 cur_ip;
+	__u32 chunks; /* results per copy: a super-chunk's segments, else 1 */
 	__u16 cur_port;
 	__u16 failed;
 };
@@ -68,7 +70,7 @@ static long aggbox_tc_red_copy_one(__u64 i, void *data)
 	rank = (c->me + (__u32)i + 1) % c->size;
 	if (rank == c->skip)
 		return 0;
-	if (aggbox_tc_red_copy(c->skb, &c->key, rank, &c->cur_ip, &c->cur_port)) {
+	if (aggbox_tc_red_copy(c->skb, &c->key, rank, c->chunks, &c->cur_ip, &c->cur_port)) {
 		c->failed = 1;
 		return 1;
 	}
@@ -116,7 +118,7 @@ static __always_inline int aggbox_tc_red_fanout(struct __sk_buff *skb, struct ag
 	skip = me;
 	if (coll != AGGBOX_COLL_ALLREDUCE) {
 		if (coll == AGGBOX_COLL_REDUCE && root != me) {
-			if (root >= size || aggbox_tc_red_copy(skb, &key, root, &cur_ip, &cur_port))
+			if (root >= size || aggbox_tc_red_copy(skb, &key, root, 1, &cur_ip, &cur_port))
 				return TC_ACT_SHOT;
 			skip = root;
 		}
@@ -132,6 +134,7 @@ static __always_inline int aggbox_tc_red_fanout(struct __sk_buff *skb, struct ag
 	copies.skip = skip;
 	copies.cur_ip = cur_ip;
 	copies.cur_port = cur_port;
+	copies.chunks = 1;
 	copies.failed = 0;
 	bpf_loop(size - 1, aggbox_tc_red_copy_one, &copies, 0);
 	if (copies.failed)

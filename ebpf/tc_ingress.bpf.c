@@ -9,13 +9,15 @@
  * turn GSO off on the peer and cut every super-chunk into MTU frames) it is
  * the first program a datagram meets: it places broadcast chunks and
  * super-chunks in the receive windows and answers them from here
- * (aggbox_tc_bcast_data), and folds ACKs at the root
- * (aggbox_bcast_fold_ack); the other collectives run in user space.
+ * (aggbox_tc_bcast_data), folds ACKs at the root
+ * (aggbox_bcast_fold_ack), folds reduction contributions at their owner
+ * and places results at the members (aggbox_tc_reduce.h); the other
+ * collectives run in user space.
  */
 /* Claims, placements and folds use atomic fetch-and-add/or and
  * compare-and-swap: build.rs compiles this for BPF v3. */
 #define AGGBOX_NEEDS_ATOMICS 1
-#include "aggbox_result.h"
+#include "aggbox_tc_reduce.h"
 
 /* Set by the loader: 1 on the TC hooks (no XDP program on the interface). */
 volatile const __u32 aggbox_tc_hooks = 0;
@@ -40,10 +42,18 @@ int aggbox_tc_ingress(struct __sk_buff *skb)
 				aggbox_count(AGGBOX_PROG_TC_INGRESS, AGGBOX_STAT_DROP_BAD_KIND); /* only this program makes them, going up */
 				return TC_ACT_SHOT;
 			}
+			if (pkt.hdr->kind == AGGBOX_KIND_RED_SUM || pkt.hdr->kind == AGGBOX_KIND_RED_LANDED) {
+				aggbox_rcount(AGGBOX_RSTAT_FORGED); /* likewise */
+				return TC_ACT_SHOT;
+			}
 			if (pkt.ctl >= AGGBOX_CTL_SLOTS)
 				return TC_ACT_OK;
 			if (pkt.hdr->kind == AGGBOX_KIND_BCAST_DATA)
 				return aggbox_tc_bcast_data(skb, &pkt);
+			if (pkt.hdr->kind == AGGBOX_KIND_RED_DATA)
+				return aggbox_tc_red_data(skb, &pkt);
+			if (pkt.hdr->kind == AGGBOX_KIND_RED_RESULT)
+				return aggbox_tc_red_result(skb, &pkt);
 			/* A GSO skb of ACKs is left whole to user space: the fold
 			 * reads one header. */
 			if (pkt.hdr->kind == AGGBOX_KIND_BCAST_ACK && skb->gso_segs <= 1)

@@ -5,9 +5,9 @@
 //! cluster at a time: AggBox on its own cluster, then Open MPI and Gloo, one
 //! after the other, on a plain cluster (no program on any interface, so TCP
 //! keeps TSO/GSO), with the same hosts and MTU; ratios are against those.
-//! AggBox's cluster is a plain bridge too for broadcast (its programs on the
-//! TC hooks); for the benches whose kernel half is still XDP's (barrier,
-//! allreduce, train) it has a bare XDP program on every bridge port, which
+//! AggBox's cluster is a plain bridge too for broadcast, allreduce and
+//! train (its programs on the TC hooks); for the barrier, whose kernel half
+//! is still XDP's, it has a bare XDP program on every bridge port, which
 //! `XDP_TX` replies need. Each run writes a JSON file and a PNG plot
 //! ([`crate::results`]); `aggbox bench report` makes docs/BENCHMARKS.md's
 //! generated section from them. Progress goes to stderr.
@@ -54,8 +54,8 @@ impl RunOpts {
     /// `<PREFIX>-agg`): a plain bridge, the network users have, where
     /// AggBox puts its programs on the TC hooks; or, with `xdp_bridge`, a
     /// bridge with a bare XDP program on every port, which the collectives
-    /// whose kernel half is XDP still need (the reductions, until they have
-    /// a TC half).
+    /// whose kernel half is XDP still need (the barrier, until it has a TC
+    /// half).
     fn aggbox_cluster(&self, hosts: usize, mtu: u32, xdp_bridge: bool) -> Result<Cluster, String> {
         self.cluster_named("agg", hosts, mtu, !xdp_bridge)
     }
@@ -2301,7 +2301,7 @@ pub fn allreduce(hosts: usize, mtu: u32, rounds: usize, peers: (bool, bool), opt
     let started = std::time::Instant::now();
     let cpu_before = cpu_seconds();
     let (kernel, user, aggbox_time, floor, floor_drops, floor_time) = {
-        let cluster = opts.aggbox_cluster(hosts, mtu, true)?;
+        let cluster = opts.aggbox_cluster(hosts, mtu, false)?;
         run.networks.push(aggbox_network_of(&cluster));
         let kernel = allreduce_run(&cluster, "kernel", &counts, rounds, 29_510)?;
         let user = allreduce_run(&cluster, "user", &counts, rounds, 29_511)?;
@@ -2807,7 +2807,7 @@ fn train(spec: &TrainSpec, with_mpi: bool, opts: &RunOpts) -> Result<(), String>
     let program = TrainProgram::build()?;
     let args = spec.args();
     let (kernel, user) = {
-        let cluster = opts.aggbox_cluster(hosts, mtu, true)?;
+        let cluster = opts.aggbox_cluster(hosts, mtu, false)?;
         run.networks.push(aggbox_network_of(&cluster));
         let kernel = train_ranks(&cluster, &program.path, "kernel", &args, 29_530, spec.steps)?;
         let kernel = parse_train(&kernel, hosts, spec.steps, "AggBox kernel")?;

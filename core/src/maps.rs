@@ -209,6 +209,9 @@ pub const RES_SLOTS: u32 = 256;
 pub const RED_PHASES: u32 = 2;
 /// `AGGBOX_RED_AHEAD`: the chunk part of the tag of a slot armed ahead.
 pub const RED_AHEAD: u32 = u32::MAX;
+/// `AGGBOX_RED_DONE_PROCESS`: a slot's `done` when the kernel completed the
+/// chunk but left sending its results to the process (TC hooks).
+pub const RED_DONE_PROCESS: u32 = 2;
 
 /// Bytes the kernel windows of one host take (every mmapable map, sized
 /// at build time for [`CTL_SLOTS`] communicators): broadcast control
@@ -275,7 +278,7 @@ pub const ASTAT_NAMES: [&str; 10] =
     ["folded", "quorums", "duplicates", "ahead", "answered", "stale", "contended", "malformed", "forged", "passed"];
 
 /// Names of the reduction counters (`enum aggbox_rstat`), in index order.
-pub const RSTAT_NAMES: [&str; 12] = [
+pub const RSTAT_NAMES: [&str; 13] = [
     "folded",
     "sums",
     "duplicates",
@@ -288,6 +291,7 @@ pub const RSTAT_NAMES: [&str; 12] = [
     "contended",
     "results_to_user",
     "forged",
+    "bad_segments",
 ];
 
 /// `struct aggbox_rxctl`: the receive side of one broadcast.
@@ -658,6 +662,7 @@ mod tests {
             "AGGBOX_RSTAT_TO_USER",
             "AGGBOX_RSTAT_FORGED",
             "AGGBOX_RED_AHEAD",
+            "AGGBOX_RED_DONE_PROCESS",
         ]
         .map(String::from)
         .to_vec();
@@ -673,6 +678,7 @@ mod tests {
             RSTAT_NAMES.iter().position(|n| *n == "to_user").unwrap() as u64,
             RSTAT_NAMES.iter().position(|n| *n == "forged").unwrap() as u64,
             RED_AHEAD as u64,
+            RED_DONE_PROCESS as u64,
         ];
         assert_eq!(rust, c_values("aggbox_reduce.h", &exprs));
     }

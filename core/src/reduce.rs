@@ -708,7 +708,7 @@ impl Comm {
             && matches!(plan.fold_op, ReduceOp::Sum | ReduceOp::Min | ReduceOp::Max)
             && matches!(plan.lanes, Dtype::I32 | Dtype::U32 | Dtype::I64 | Dtype::U64)
             && plan.count > 0
-            && self.attachment.as_ref().is_some_and(|a| a.hooks().has_xdp() && a.windows().is_some());
+            && self.attachment.as_ref().is_some_and(|a| a.windows().is_some());
         let result = if plan.count == 0 {
             Ok(())
         } else if plan.ranks == 1 {
@@ -805,7 +805,7 @@ impl Comm {
     /// else `plan` itself.
     fn red_arm_next(&self, plan: &Plan) {
         let next = plan.seq.wrapping_add(1);
-        let Some(windows) = self.attachment.as_ref().filter(|a| a.hooks().has_xdp()).and_then(|a| a.windows()) else {
+        let Some(windows) = self.attachment.as_ref().and_then(|a| a.windows()) else {
             return;
         };
         if self.datapath() != Datapath::Kernel || next == 0 {
@@ -941,7 +941,8 @@ impl Comm {
                     break;
                 }
                 if windows.red_is_done(plan.seq, owned as u32) {
-                    self.red_complete(plan, bufs, chunk, remaining, false)?;
+                    let send = windows.red_left_to_process(plan.seq, owned as u32);
+                    self.red_complete(plan, bufs, chunk, remaining, send)?;
                     self.red.heard.iter_mut().for_each(|h| *h = now);
                 }
             }

@@ -671,6 +671,13 @@ impl Windows {
         self.red_done(seq, owned).load(std::sync::atomic::Ordering::Acquire) != 0
     }
 
+    /// Whether the kernel completed owned chunk `owned`'s slot and left
+    /// sending its results to the process (the TC hooks, when the
+    /// super-chunk that completed it could not become its results).
+    pub fn red_left_to_process(&self, seq: u32, owned: u32) -> bool {
+        self.red_done(seq, owned).load(std::sync::atomic::Ordering::Acquire) == crate::maps::RED_DONE_PROCESS
+    }
+
     /// Copies owned chunk `owned`'s sum (`dst.len()` bytes) out of its slot.
     pub fn copy_red(&self, seq: u32, owned: u32, dst: &mut [u8]) {
         std::sync::atomic::fence(std::sync::atomic::Ordering::Acquire);

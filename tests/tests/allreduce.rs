@@ -7,9 +7,12 @@
 //! rank checks every element against a plain loop over all ranks' inputs
 //! (`aggbox-reduce-rank`).
 //!
-//! On the kernel datapath the owners' XDP folds the contributions and the
-//! results are fanned out and placed in the kernel; the kernel runs check
-//! that results came from the kernel windows (see docs/ALLREDUCE.md).
+//! The hosts are on a plain bridge, the network users have, so AggBox is on
+//! the TC hooks: on the kernel datapath the owners' TC ingress folds the
+//! contributions (UDP GSO super-chunks, segment by segment) and the results
+//! are fanned out and placed in the kernel; the kernel runs check that
+//! results came from the kernel windows (see docs/ALLREDUCE.md, "The TC
+//! hooks").
 //!
 //! The tests run one at a time (they share two cores): each holds `serial()`.
 
@@ -169,7 +172,7 @@ fn assert_kernel_folding(reports: &[HashMap<String, String>], cases: &[String], 
 #[test]
 fn every_dtype_and_op_on_2_3_5_and_8_ranks_and_each_datapath() {
     let _serial = serial();
-    let cluster = Cluster::temporary(HOSTS).unwrap();
+    let cluster = Cluster::temporary_plain(HOSTS, 1500).unwrap();
     let mut cases = Vec::new();
     for count in [0, 1, 1000] {
         cases.extend(matrix(count));
@@ -194,7 +197,7 @@ fn every_dtype_and_op_on_2_3_5_and_8_ranks_and_each_datapath() {
 #[test]
 fn large_vectors_and_ieee_specials() {
     let _serial = serial();
-    let cluster = Cluster::temporary(HOSTS).unwrap();
+    let cluster = Cluster::temporary_plain(HOSTS, 1500).unwrap();
     let big = (1 << 20) + 3;
     let cases: Vec<String> = [
         format!("allreduce:f32:sum:{big}"),
@@ -223,7 +226,7 @@ fn large_vectors_and_ieee_specials() {
 #[test]
 fn loss_duplication_and_reordering_are_repaired() {
     let _serial = serial();
-    let mut cluster = Cluster::temporary(HOSTS).unwrap();
+    let mut cluster = Cluster::temporary_plain(HOSTS, 1500).unwrap();
     cluster.inject_faults(FaultSpec::percent(10.0, 2.0).reorder(5.0)).unwrap();
     let mut cases = matrix(1000);
     cases.push(format!("allreduce:f32:sum:{}", (1 << 20) + 3));
@@ -248,7 +251,7 @@ fn loss_duplication_and_reordering_are_repaired() {
 #[test]
 fn a_rank_killed_mid_allreduce_is_named_by_every_survivor() {
     let _serial = serial();
-    let cluster = Cluster::temporary(HOSTS).unwrap();
+    let cluster = Cluster::temporary_plain(HOSTS, 1500).unwrap();
     let timeout = Duration::from_millis(6000);
     let args = case_args(&[format!("allreduce:f32:sum:{}", 1 << 20)], &["--forever"]);
     let args: Vec<&str> = args.iter().map(String::as_str).collect();
@@ -279,7 +282,7 @@ fn a_rank_killed_mid_allreduce_is_named_by_every_survivor() {
 #[test]
 fn mismatched_counts_fail_every_rank() {
     let _serial = serial();
-    let cluster = Cluster::temporary(HOSTS).unwrap();
+    let cluster = Cluster::temporary_plain(HOSTS, 1500).unwrap();
     let args = case_args(&["allreduce:i32:sum:5000".into()], &["--mismatch", "count", "--at", "3"]);
     let start = Instant::now();
     for (i, rank) in spawn(&cluster, HOSTS, mixed, &args, MASTER_PORT + 30).into_iter().enumerate() {
@@ -300,7 +303,7 @@ fn mismatched_counts_fail_every_rank() {
 #[test]
 fn a_crafted_contribution_from_a_non_member_changes_nothing() {
     let _serial = serial();
-    let cluster = Cluster::temporary(HOSTS + 1).unwrap();
+    let cluster = Cluster::temporary_plain(HOSTS + 1, 1500).unwrap();
     let intruder = HOSTS;
     let count = 20_000usize;
     let cases: Vec<String> = (0..200).map(|_| format!("allreduce:i64:sum:{count}")).collect();
@@ -351,7 +354,7 @@ fn a_crafted_contribution_from_a_non_member_changes_nothing() {
             reports.push(fields(lines.iter().find(|l| l.starts_with("report ")).unwrap()));
         }
         let dropped = if datapath_of(0) == "kernel" {
-            total(&reports, "xdp_bad_token") + total(&reports, "xdp_not_member")
+            total(&reports, "ingress_bad_token") + total(&reports, "ingress_not_member")
         } else {
             total(&reports, "dropped_foreign")
         };
@@ -373,7 +376,7 @@ fn a_crafted_contribution_from_a_non_member_changes_nothing() {
 #[test]
 fn repeated_calls_are_folded_in_the_kernel() {
     let _serial = serial();
-    let cluster = Cluster::temporary(HOSTS).unwrap();
+    let cluster = Cluster::temporary_plain(HOSTS, 1500).unwrap();
     let calls = 40;
     let cases: Vec<String> = (0..calls).map(|_| "allreduce:i64:sum:10000".to_string()).collect();
     let reports = run(&cluster, HOSTS, kernel, &cases, &[]);

@@ -56,7 +56,7 @@ fn results(lines: &[String]) -> Vec<HashMap<String, String>> {
 #[test]
 fn the_c_example_reduces_on_user_and_mixed_datapaths() {
     let _serial = serial();
-    let cluster = Cluster::temporary(HOSTS).unwrap();
+    let cluster = Cluster::temporary_plain(HOSTS, 1500).unwrap();
     let program = c_example("allreduce");
     for (k, datapath_of) in [user as fn(usize) -> &'static str, mixed].into_iter().enumerate() {
         let start = Instant::now();
@@ -92,7 +92,7 @@ fn the_c_example_reduces_on_user_and_mixed_datapaths() {
 #[test]
 fn the_c_example_fails_every_rank_on_mismatched_counts() {
     let _serial = serial();
-    let cluster = Cluster::temporary(HOSTS).unwrap();
+    let cluster = Cluster::temporary_plain(HOSTS, 1500).unwrap();
     let program = c_example("allreduce");
     let start = Instant::now();
     let children: Vec<_> = (0..HOSTS)
@@ -140,7 +140,7 @@ fn the_c_example_rejects_a_bad_size() {
 #[test]
 fn the_cpp_example_reduces_through_the_wrapper() {
     let _serial = serial();
-    let cluster = Cluster::temporary(HOSTS).unwrap();
+    let cluster = Cluster::temporary_plain(HOSTS, 1500).unwrap();
     let program = cpp_example("allreduce");
     let counts = ["0", "1000", "100003"];
     let outcomes = run_all(&cluster, &program, MASTER_PORT + 3, user, &counts);

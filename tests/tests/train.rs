@@ -80,7 +80,7 @@ struct Scratch {
 impl Scratch {
     fn new() -> Scratch {
         sweep_dead_clusters();
-        let cluster = Cluster::up(ClusterSpec::new(format!("{PREFIX}{}", std::process::id()), HOSTS)).unwrap();
+        let cluster = Cluster::up(ClusterSpec::new(format!("{PREFIX}{}", std::process::id()), HOSTS).with_plain(true)).unwrap();
         let netns = cluster
             .hosts()
             .iter()

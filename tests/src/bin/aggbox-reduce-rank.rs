@@ -335,7 +335,7 @@ fn main() {
         kernel.push(format!("k_maps={maps} k_map_bytes={bytes}"));
     }
     println!(
-        "report rank={} size={} datapath={} reductions={} quantized={} retransmits={} duplicates={} contributions_sent={} folded={} results_sent={} results_received={} results_from_kernel={} sent={} received={} dropped_foreign={} dropped_malformed={} xdp_bad_token={} xdp_not_member={} {}",
+        "report rank={} size={} datapath={} reductions={} quantized={} retransmits={} duplicates={} contributions_sent={} folded={} results_sent={} results_received={} results_from_kernel={} sent={} received={} dropped_foreign={} dropped_malformed={} ingress_bad_token={} ingress_not_member={} {}",
         comm.rank(),
         comm.size(),
         comm.datapath().name(),
@@ -352,8 +352,17 @@ fn main() {
         u.packets_received,
         u.dropped_foreign,
         u.dropped_malformed,
-        stats.kernel.get(aggbox_core::maps::Prog::XdpIngress, "drop_bad_token"),
-        stats.kernel.get(aggbox_core::maps::Prog::XdpIngress, "drop_not_member"),
+        // The first program a datagram meets drops it: XDP ingress on
+        // the XDP hooks, TC ingress on the TC hooks.
+        ingress(&stats.kernel, "drop_bad_token"),
+        ingress(&stats.kernel, "drop_not_member"),
         kernel.join(" "),
     );
+}
+
+/// Counter `stat` of the host's ingress programs: XDP ingress and TC
+/// ingress (whichever of them is first on this host's hooks drops).
+fn ingress(kernel: &aggbox_core::stats::KernelStats, stat: &str) -> u64 {
+    use aggbox_core::maps::Prog;
+    kernel.get(Prog::XdpIngress, stat) + kernel.get(Prog::TcIngress, stat)
 }
