@@ -106,11 +106,12 @@ struct {
 
 #ifdef AGGBOX_RED_LOCK
 /*
- * Measurement only (`aggbox bench fold`; build.rs builds this variant as
- * xdp_ingress_lock.bpf.o, which no loader attaches): the ADD fold takes a
- * per-slot spin lock and adds plainly under it, instead of atomic adds.
- * Spin locks may not live in mmapable maps, so they sit in a plain array
- * indexed like ab_redwin.
+ * The ADD fold takes a per-slot spin lock and adds plainly under it,
+ * instead of atomic adds (XDP ingress and TC ingress define
+ * AGGBOX_RED_LOCK; build.rs builds an atomic-add XDP variant for `aggbox
+ * bench fold`). Spin locks may not live in mmapable maps, so they sit in a
+ * plain array indexed like ab_redwin (one per object: on a host only one
+ * of the two folds).
  */
 struct aggbox_redlock {
 	struct bpf_spin_lock lock;

@@ -12,7 +12,8 @@
  * stage does (the same slots, bits, counts and inflight handshake with the
  * process), a bpf_loop over blocks of AGGBOX_RED_SEG lanes (MIN/MAX: over
  * lanes) in place of the tail calls (64 segments of up to 8 blocks would
- * pass the 33-tail-call limit). The lanes are added with atomics. When the super-chunk completes
+ * pass the 33-tail-call limit). Sums are plain adds under the slot's spin
+ * lock, as in XDP. When the super-chunk completes
  * every one of its chunks (the last contributor's run, as a rule) and the
  * call is an allreduce, it becomes their results: each segment's payload
  * is overwritten with its slot's sum and sent, from this rank, to every
@@ -58,39 +59,22 @@ static __always_inline __u32 aggbox_red_slot_idx(struct aggbox_red_walk *rw, __u
 }
 
 /* Adds block i of AGGBOX_RED_SEG lanes of the scratch payload into the
- * walk's slot (bpf_loop callback of an ADD fold: a branch-free body the
- * verifier walks once per block size, not per fold). */
+ * walk's slot (bpf_loop callback of an ADD fold), with plain adds under the
+ * slot's spin lock: measured faster than atomic adds (docs/ALLREDUCE.md,
+ * "Atomics vs per-slot lock"). */
 static long aggbox_tc_red_add_block(__u64 i, void *data)
 {
 	struct aggbox_red_walk *rw = data;
 	struct aggbox_red_scratch *s = rw->s;
 	struct aggbox_redslot *slot = bpf_map_lookup_elem(&ab_redwin, &rw->slot_idx);
-	__u32 *acc32, *data32, k, lane, lanes, base = (__u32)i * AGGBOX_RED_SEG;
+	struct aggbox_redlock *lock = bpf_map_lookup_elem(&ab_redlock, &rw->slot_idx);
 
-	if (!s || !slot)
+	if (!s || !slot || !lock)
 		return 1;
-	lanes = s->lanes;
-	if (s->lane == 8) {
-		for (k = 0; k < AGGBOX_RED_SEG; k++) {
-			lane = base + k;
-			if (lane >= lanes || lane >= AGGBOX_CHUNK_MAX / 8)
-				return 1;
-			/* Index from the checked register (not a pointer the
-			 * compiler advanced before the check). */
-			barrier_var(lane);
-			__sync_fetch_and_add(&slot->acc[lane], s->data[lane]);
-		}
-		return 0;
-	}
-	acc32 = (__u32 *)slot->acc;
-	data32 = (__u32 *)s->data;
-	for (k = 0; k < AGGBOX_RED_SEG; k++) {
-		lane = base + k;
-		if (lane >= lanes || lane >= AGGBOX_CHUNK_MAX / 4)
-			return 1;
-		barrier_var(lane);
-		__sync_fetch_and_add(&acc32[lane], data32[lane]);
-	}
+	s->next = (__u32)i * AGGBOX_RED_SEG;
+	bpf_spin_lock(&lock->lock);
+	aggbox_add_seg_locked(s, slot);
+	bpf_spin_unlock(&lock->lock);
 	return 0;
 }
 

@@ -17,6 +17,8 @@
 /* Claims, placements and folds use atomic fetch-and-add/or and
  * compare-and-swap: build.rs compiles this for BPF v3. */
 #define AGGBOX_NEEDS_ATOMICS 1
+/* Reduction sums are added under a per-slot spin lock, as in XDP. */
+#define AGGBOX_RED_LOCK 1
 #include "aggbox_tc_reduce.h"
 
 /* Set by the loader: 1 on the TC hooks (no XDP program on the interface). */

@@ -879,6 +879,10 @@ impl Comm {
                     backoff = Backoff::starting(RED_RTO_INITIAL, RED_RTO_MAX);
                 } else if self.red_on(plan, bufs, &got, &mut remaining)? {
                     backoff = Backoff::starting(RED_RTO_INITIAL, RED_RTO_MAX);
+                    // A chunk this process handled itself lowers the
+                    // kernel's target: if what landed already reaches it,
+                    // no notice will come for those, so look now.
+                    scan = plan.kernel;
                 }
             }
             if backoff.fire() {
