@@ -341,8 +341,11 @@ static __always_inline int aggbox_tc_red_data(struct __sk_buff *skb, struct aggb
 		goto to_user;
 	bpf_loop(segs, aggbox_tc_red_fold_seg, &rw, 0);
 	/* pkt's pointers are invalid from here on. */
-	if (!rw.completed)
-		return rw.to_user ? TC_ACT_OK : TC_ACT_SHOT; /* folded (or repeats): consumed */
+	if (!rw.completed) {
+		if (rw.to_user)
+			goto to_user; /* the process folds what is left (the rest are repeats to it) */
+		return TC_ACT_SHOT; /* folded (or repeats): consumed */
+	}
 	if (rw.to_user || rw.completed != (segs == AGGBOX_RED_SEGS_MAX ? ~0ULL : (1ULL << segs) - 1) ||
 	    !red->fanout || red->seq != rw.seq || (red->op >> 4) != AGGBOX_COLL_ALLREDUCE)
 		goto process_sends;

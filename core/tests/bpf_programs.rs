@@ -1359,3 +1359,183 @@ fn tc_folds_range_acks_at_the_root_and_lets_one_group_ack_up() {
     assert_eq!(h.run(Prog::TcIngress, &range_ack(1, PEER_IP, 1, 3)).unwrap().retval, tc::OK);
     assert_eq!(bstat(&h, "group_acks"), 1);
 }
+
+// ---- The TC hooks: reductions on super-chunks ---------------------------------------
+
+/// Lanes of a SMALL chunk of i32.
+const SMALL_LANES: usize = SMALL / 4;
+
+/// Contribution (or result) lanes of chunk `chunk` from `rank`: a plain
+/// function of both, with values that wrap when summed.
+fn lanes_of(rank: usize, chunk: u32) -> Vec<i32> {
+    (0..SMALL_LANES as i32).map(|i| (i32::MAX - 3 * i).wrapping_mul(rank as i32 + 1) ^ (chunk as i32 * 7919)).collect()
+}
+
+/// Chunks `first..first + n` of `kind` from `sender` for reduction `seq`
+/// (i32 SUM allreduce, `nchunks` chunks of SMALL bytes) as one UDP GSO
+/// super-packet, each segment carrying `lanes_of(sender, chunk)`.
+fn red_super_chunk(kind: u8, sender: u16, seq: u32, first: u32, n: u32, nchunks: u32) -> Vec<u8> {
+    let mut payload = Vec::new();
+    for chunk in first..first + n {
+        let mut hdr = bcast_header(kind, sender, seq, chunk, nchunks, nchunks * SMALL_LANES as u32);
+        hdr[14] = 1; // i32
+        hdr[15] = 0x10; // allreduce, sum
+        payload.extend(hdr);
+        payload.extend(i32_bytes(&lanes_of(sender as usize, chunk)));
+    }
+    payload
+}
+
+/// A 3-rank group (this host is rank 0) on the TC hooks, and reduction
+/// `seq` armed: 8 chunks of SMALL bytes in runs of 4, so this rank owns
+/// chunks 0..4 (owned 0..4, each slot starting from its own lanes) and
+/// rank 1 owns 4..8; `fanout` as the process sets it for an allreduce.
+fn tc_red_harness(seq: u32, fanout: u32) -> (Harness, aggbox_core::window::Windows) {
+    use aggbox_core::maps::{RedCtl, FOLD_ADD};
+    let mut h = Harness::tc_hooks().expect("load the AggBox programs on the TC hooks (run as root)");
+    let mut g = group();
+    g.peers.push(PeerInfo { rank: 2, ipv4: THIRD_IP, mac: [2, 0, 0, 0, 0, 3], port: THIRD_PORT, datapath: Datapath::Kernel, mtu: 1500 });
+    let windows = h.register_with_windows(LOCAL_IP, LOCAL_PORT, &g, CTL).unwrap();
+    for owned in 0..4 {
+        windows.prepare_red(owned, seq, owned, 0, &i32_bytes(&lanes_of(0, owned)));
+    }
+    windows.arm_red(&RedCtl {
+        seq,
+        nchunks: 8,
+        count: 8 * SMALL_LANES as u32,
+        dtype: 1,
+        op: 0x10,
+        lane: 4,
+        fold: FOLD_ADD,
+        ranks: 3,
+        run: 4,
+        chunk_bytes: SMALL as u32,
+        last_bytes: 0,
+        owned_last: u32::MAX,
+        rank: 0,
+        fanout,
+        result_last: SMALL as u32,
+        root: 0,
+        credit: 8,
+        notify: 64,
+        landed: 0,
+        target: 8,
+        notified: 0,
+    });
+    (h, windows)
+}
+
+const THIRD_IP: Ipv4Addr = Ipv4Addr::new(10, 77, 0, 3);
+const THIRD_PORT: u16 = 47_003;
+
+/// The sum of the three ranks' lanes of chunk `chunk`, by a plain loop.
+fn sum_of(chunk: u32) -> Vec<i32> {
+    (0..SMALL_LANES).map(|i| (0..3).fold(0i32, |acc, rank| acc.wrapping_add(lanes_of(rank, chunk)[i]))).collect()
+}
+
+#[test]
+fn tc_folds_a_super_chunk_of_contributions_segment_by_segment() {
+    let (h, windows) = tc_red_harness(5, 0);
+    let stride = (40 + SMALL) as u32;
+    let from1 = inbound(&red_super_chunk(RED_DATA, 1, 5, 0, 4, 8));
+    let out = h.run_gso(Prog::TcIngress, &from1, 4, stride).unwrap();
+    assert_eq!(out.run.retval, tc::SHOT, "folded: nothing reaches the socket");
+    assert_eq!(rstat(&h, "folded"), 4, "one per segment");
+    let out = h.run_gso(Prog::TcIngress, &from1, 4, stride).unwrap();
+    assert_eq!(out.run.retval, tc::SHOT, "a repeat");
+    assert_eq!((rstat(&h, "folded"), rstat(&h, "duplicates")), (4, 4));
+
+    // What disagrees with itself is dropped and counted, nothing folded.
+    let from2 = udp(THIRD_IP, THIRD_PORT, LOCAL_IP, LOCAL_PORT, &red_super_chunk(RED_DATA, 2, 5, 0, 4, 8));
+    let header_at = |seg: usize| 42 + seg * stride as usize;
+    let mut wrong_chunk = from2.clone();
+    wrong_chunk[header_at(2) + 28..header_at(2) + 32].copy_from_slice(&3u32.to_le_bytes());
+    let mut wrong_sender = from2.clone();
+    wrong_sender[header_at(1) + 12] = 1;
+    let cases: Vec<(&str, &[u8], u32, u32)> = vec![
+        ("a segment's chunk out of line", &wrong_chunk, 4, stride),
+        ("a segment from another sender", &wrong_sender, 4, stride),
+        ("stride is not header + chunk", &from2, 4, stride + 4),
+        ("more segments than the skb holds", &from2, 5, stride),
+        ("a stride smaller than a header", &from2, 4, 20),
+    ];
+    for (i, (case, frame, segs, size)) in cases.iter().enumerate() {
+        let out = h.run_gso(Prog::TcIngress, frame, *segs, *size).unwrap();
+        assert_eq!(out.run.retval, tc::SHOT, "{case}");
+        assert_eq!((rstat(&h, "bad_segments"), rstat(&h, "folded")), (i as u64 + 1, 4), "{case}: counted, not folded");
+    }
+    // Chunks of rank 1's run, or of another call: the process's to judge.
+    let not_mine = inbound(&red_super_chunk(RED_DATA, 1, 5, 4, 4, 8));
+    assert_eq!(h.run_gso(Prog::TcIngress, &not_mine, 4, stride).unwrap().run.retval, tc::OK);
+    let other_call = inbound(&red_super_chunk(RED_DATA, 1, 7, 0, 4, 8));
+    assert_eq!(h.run_gso(Prog::TcIngress, &other_call, 4, stride).unwrap().run.retval, tc::OK);
+    assert_eq!(rstat(&h, "to_user"), 2);
+
+    // Rank 2's completes all four; without the fan-out it goes up whole,
+    // and the slots say the process sends the results.
+    let out = h.run_gso(Prog::TcIngress, &from2, 4, stride).unwrap();
+    assert_eq!(out.run.retval, tc::OK);
+    assert_eq!(out.run.frame, from2, "unchanged");
+    assert_eq!((rstat(&h, "folded"), rstat(&h, "sums")), (8, 1));
+    for chunk in 0..4 {
+        let mut sum = vec![0u8; SMALL];
+        windows.copy_red(5, chunk, &mut sum);
+        assert_eq!(sum, i32_bytes(&sum_of(chunk)), "chunk {chunk}: the wrapping sum");
+        assert!(windows.red_is_done(5, chunk) && windows.red_left_to_process(5, chunk), "chunk {chunk}");
+    }
+    // A RED_SUM or RED_LANDED from the wire is never genuine.
+    let mut forged = red_super_chunk(RED_DATA, 1, 5, 0, 1, 8);
+    forged[5] = RED_SUM;
+    assert_eq!(h.run(Prog::TcIngress, &inbound(&forged)).unwrap().retval, tc::SHOT);
+    assert_eq!(rstat(&h, "forged"), 1);
+    forged[5] = RED_LANDED;
+    assert_eq!(h.run(Prog::TcIngress, &inbound(&forged)).unwrap().retval, tc::SHOT);
+}
+
+#[test]
+fn tc_turns_the_completing_super_chunk_into_results_and_places_others() {
+    let (h, windows) = tc_red_harness(9, 1);
+    let stride = (40 + SMALL) as u32;
+    let from1 = inbound(&red_super_chunk(RED_DATA, 1, 9, 0, 4, 8));
+    assert_eq!(h.run_gso(Prog::TcIngress, &from1, 4, stride).unwrap().run.retval, tc::SHOT);
+    let from2 = udp(THIRD_IP, THIRD_PORT, LOCAL_IP, LOCAL_PORT, &red_super_chunk(RED_DATA, 2, 9, 0, 4, 8));
+    let out = h.run_gso(Prog::TcIngress, &from2, 4, stride).unwrap();
+    assert_eq!(out.run.retval, tc::SHOT, "sent as copies; nothing goes up before the last chunk");
+    // The skb became the four results, from this rank, one per segment.
+    let frame = &out.run.frame;
+    assert_eq!(frame.len(), from2.len());
+    assert_eq!(&frame[14 + 12..14 + 16], &LOCAL_IP.octets(), "from here");
+    for seg in 0..4 {
+        let at = 42 + seg * stride as usize;
+        assert_eq!(frame[at + 5], RED_RESULT, "segment {seg}");
+        assert_eq!(u16::from_le_bytes([frame[at + 12], frame[at + 13]]), 0, "segment {seg}: sender this rank");
+        let lanes: Vec<i32> = frame[at + 40..at + 40 + SMALL].chunks_exact(4).map(|b| i32::from_le_bytes(b.try_into().unwrap())).collect();
+        assert_eq!(lanes, sum_of(seg as u32), "segment {seg}: the sum");
+        assert!(windows.red_is_done(9, seg as u32) && !windows.red_left_to_process(9, seg as u32));
+    }
+    // (The copies to the two others, bpf_clone_redirect, need a real
+    // interface: tests/tests/allreduce.rs counts them, k_red_fanned_out.)
+
+    // Rank 1's results of its run: placed, and the last of the 8 chunks
+    // this rank waits for, so the skb goes up as the one notice.
+    let results = inbound(&red_super_chunk(RED_RESULT, 1, 9, 4, 4, 8));
+    let out = h.run_gso(Prog::TcIngress, &results, 4, stride).unwrap();
+    assert_eq!((out.run.retval, kind_of(&out.run.frame)), (tc::OK, RED_LANDED));
+    assert_eq!(out.run.frame.len(), 14 + 20 + 8 + 40, "a header-only notice");
+    assert_eq!(hdr_u32(&out.run.frame, 36), 8, "8 landed");
+    for chunk in 4..8 {
+        assert!(windows.res_holds(9, chunk), "chunk {chunk}");
+        let mut got = vec![0u8; SMALL];
+        windows.copy_res(9, chunk, &mut got);
+        assert_eq!(got, i32_bytes(&lanes_of(1, chunk)), "chunk {chunk}");
+    }
+    assert_eq!((rstat(&h, "placed"), rstat(&h, "landed")), (4, 1));
+    // Again (a repeat): dropped, nothing placed twice. From the wrong owner,
+    // or a short segment: the process's, or dropped as bad.
+    assert_eq!(h.run_gso(Prog::TcIngress, &results, 4, stride).unwrap().run.retval, tc::SHOT);
+    assert_eq!((rstat(&h, "placed"), rstat(&h, "duplicates")), (4, 4));
+    let wrong_owner = udp(THIRD_IP, THIRD_PORT, LOCAL_IP, LOCAL_PORT, &red_super_chunk(RED_RESULT, 2, 9, 4, 4, 8));
+    assert_eq!(h.run_gso(Prog::TcIngress, &wrong_owner, 4, stride).unwrap().run.retval, tc::OK);
+    assert_eq!(h.run_gso(Prog::TcIngress, &results, 4, stride - 8).unwrap().run.retval, tc::SHOT);
+    assert_eq!(rstat(&h, "bad_segments"), 1);
+}
