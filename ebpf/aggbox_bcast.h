@@ -590,6 +590,32 @@ static __always_inline __u32 aggbox_seg_len(struct aggbox_walk *w, __u32 i)
 	return end - start - AGGBOX_HDR_LEN;
 }
 
+/*
+ * The walk's geometry from the skb: where the first AggBox header is, the
+ * UDP payload bytes of all segments and of each (`udp_len`, network order,
+ * is the first UDP header's length). Returns the segments (at most `max`),
+ * or 0 when the skb disagrees with itself (a length, a stride, a count).
+ * The caller checks the stride against its chunk size.
+ */
+static __always_inline __u32 aggbox_walk_geometry(struct __sk_buff *skb, struct aggbox_walk *w, __u16 udp_len, __u32 max)
+{
+	__u32 segs;
+
+	w->hdr_off = AGGBOX_OFF_UDP + sizeof(struct udphdr);
+	if (skb->len < w->hdr_off || bpf_ntohs(udp_len) != skb->len - AGGBOX_OFF_UDP)
+		return 0; /* UDP says another length than the skb has */
+	w->total = skb->len - w->hdr_off;
+	if (skb->gso_segs <= 1) {
+		w->stride = w->total;
+		return 1;
+	}
+	w->stride = skb->gso_size;
+	segs = skb->gso_segs;
+	if (w->stride <= AGGBOX_HDR_LEN || segs > max || (w->total + w->stride - 1) / w->stride != segs)
+		return 0;
+	return segs;
+}
+
 /* Checks segment i's header against the first's: the same in every field
  * but `chunk`, which counts on (bpf_loop callback). */
 static long aggbox_check_seg(__u64 i, void *data)
@@ -697,7 +723,7 @@ static __always_inline int aggbox_tc_bcast_data(struct __sk_buff *skb, struct ag
 	struct aggbox_walk walk = {};
 	struct aggbox_ctl *ctl;
 	struct aggbox_rxctl *rx;
-	__u32 ctl_idx = pkt->ctl, seq = hdr->seq, segs, last, want, udp_len;
+	__u32 ctl_idx = pkt->ctl, seq = hdr->seq, segs, last, want;
 	__u16 rank, root = hdr->sender;
 
 	ctl = bpf_map_lookup_elem(&ab_ctl, &ctl_idx);
@@ -707,21 +733,9 @@ static __always_inline int aggbox_tc_bcast_data(struct __sk_buff *skb, struct ag
 	walk.skb = skb;
 	walk.rx = rx;
 	walk.first = hdr->chunk;
-	walk.hdr_off = AGGBOX_OFF_UDP + sizeof(struct udphdr);
-	udp_len = bpf_ntohs(pkt->udp->len);
-	if (skb->len < walk.hdr_off || udp_len != skb->len - AGGBOX_OFF_UDP)
-		goto bad; /* UDP says another length than the skb has */
-	walk.total = skb->len - walk.hdr_off;
-	if (skb->gso_segs > 1) {
-		walk.stride = skb->gso_size;
-		segs = skb->gso_segs;
-		if (walk.stride <= AGGBOX_HDR_LEN || segs > AGGBOX_RX_WINDOW ||
-		    (walk.total + walk.stride - 1) / walk.stride != segs)
-			goto bad;
-	} else {
-		walk.stride = walk.total;
-		segs = 1;
-	}
+	segs = aggbox_walk_geometry(skb, &walk, pkt->udp->len, AGGBOX_RX_WINDOW);
+	if (segs == 0)
+		goto bad;
 	if (rx->seq != 0 && seq == rx->seq && aggbox_claim(rx, hdr))
 		goto to_user;
 	/* Only the broadcast the process armed, exactly as it called it, and

@@ -77,10 +77,37 @@ static long aggbox_tc_red_copy_one(__u64 i, void *data)
 	return 0;
 }
 
+/*
+ * Makes the frame, after its copies went out, the RED_LANDED notice of
+ * reduction `red` for the process: addressed as it came, from `contributor`
+ * to here (a helper first: it makes the frame private again after the
+ * copies), cut to its header when `strip`. `key->group` is set; the frame
+ * is addressed to `*cur_ip`, `*cur_port` now.
+ */
+static __always_inline int aggbox_tc_red_notice(struct __sk_buff *skb, struct aggbox_member_key *key, __u16 contributor,
+						 struct aggbox_redctl *red, __u32 *cur_ip, __u16 *cur_port, int strip)
+{
+	struct aggbox_member *member;
+	struct aggbox_hdr *hdr;
+
+	key->rank = contributor;
+	member = bpf_map_lookup_elem(&ab_members, key);
+	if (!member || aggbox_retarget(skb, member, cur_ip, cur_port) || aggbox_tc_swap(skb))
+		return TC_ACT_SHOT;
+	hdr = strip ? aggbox_tc_strip(skb) : aggbox_tc_hdr(skb);
+	if (!hdr)
+		return TC_ACT_SHOT;
+	hdr->kind = AGGBOX_KIND_RED_LANDED;
+	hdr->sender = contributor;
+	hdr->flags = 0;
+	hdr->count = red->landed;
+	aggbox_rcount(AGGBOX_RSTAT_LANDED);
+	return TC_ACT_OK;
+}
+
 static __always_inline int aggbox_tc_red_fanout(struct __sk_buff *skb, struct aggbox_pkt *pkt)
 {
 	struct aggbox_member_key key;
-	struct aggbox_member *member;
 	struct aggbox_redctl *red;
 	struct aggbox_ctl *ctl;
 	struct aggbox_hdr *hdr;
@@ -144,21 +171,7 @@ static __always_inline int aggbox_tc_red_fanout(struct __sk_buff *skb, struct ag
 	if (!(flags & AGGBOX_FLAG_NOTIFY))
 		return TC_ACT_SHOT; /* its work is done */
 
-	/* The notice: addressed as it came, from the contributor to here (a
-	 * helper first: it makes the frame private again after the copies). */
-	key.rank = contributor;
-	member = bpf_map_lookup_elem(&ab_members, &key);
-	if (!member || aggbox_retarget(skb, member, &cur_ip, &cur_port) || aggbox_tc_swap(skb))
-		return TC_ACT_SHOT;
-	hdr = aggbox_tc_hdr(skb);
-	if (!hdr)
-		return TC_ACT_SHOT;
-	hdr->kind = AGGBOX_KIND_RED_LANDED;
-	hdr->sender = contributor;
-	hdr->flags = 0;
-	hdr->count = red->landed;
-	aggbox_rcount(AGGBOX_RSTAT_LANDED);
-	return TC_ACT_OK;
+	return aggbox_tc_red_notice(skb, &key, contributor, red, &cur_ip, &cur_port, 0);
 }
 
 #endif /* AGGBOX_RESULT_H */

@@ -287,11 +287,10 @@ static __always_inline int aggbox_tc_red_data(struct __sk_buff *skb, struct aggb
 	struct aggbox_hdr *hdr = pkt->hdr;
 	struct aggbox_red_walk rw = {};
 	struct aggbox_member_key key;
-	struct aggbox_member *member;
 	struct aggbox_copies copies;
 	struct aggbox_ctl *ctl;
 	struct aggbox_redctl *red;
-	__u32 zero = 0, segs, last, udp_len, size, me, cur_ip, phase = hdr->seq & (AGGBOX_RED_PHASES - 1);
+	__u32 zero = 0, segs, last, size, me, cur_ip, phase = hdr->seq & (AGGBOX_RED_PHASES - 1);
 	__u16 cur_port, contributor = hdr->sender;
 
 	rw.ctl_idx = pkt->ctl;
@@ -305,21 +304,9 @@ static __always_inline int aggbox_tc_red_data(struct __sk_buff *skb, struct aggb
 	rw.red = red;
 	rw.w.skb = skb;
 	rw.w.first = hdr->chunk;
-	rw.w.hdr_off = AGGBOX_OFF_UDP + sizeof(struct udphdr);
-	udp_len = bpf_ntohs(pkt->udp->len);
-	if (skb->len < rw.w.hdr_off || udp_len != skb->len - AGGBOX_OFF_UDP)
-		goto bad; /* UDP says another length than the skb has */
-	rw.w.total = skb->len - rw.w.hdr_off;
-	if (skb->gso_segs > 1) {
-		rw.w.stride = skb->gso_size;
-		segs = skb->gso_segs;
-		if (rw.w.stride <= AGGBOX_HDR_LEN || segs > AGGBOX_RED_SEGS_MAX ||
-		    (rw.w.total + rw.w.stride - 1) / rw.w.stride != segs)
-			goto bad;
-	} else {
-		rw.w.stride = rw.w.total;
-		segs = 1;
-	}
+	segs = aggbox_walk_geometry(skb, &rw.w, pkt->udp->len, AGGBOX_RED_SEGS_MAX);
+	if (segs == 0)
+		goto bad;
 	/* Only the call the process armed, exactly as it called it. */
 	last = rw.w.first + segs - 1;
 	if (red->seq == 0 || hdr->seq != red->seq || hdr->nchunks != red->nchunks || hdr->count != red->count ||
@@ -372,21 +359,8 @@ static __always_inline int aggbox_tc_red_data(struct __sk_buff *skb, struct aggb
 	bpf_loop(size - 1, aggbox_tc_red_copy_one, &copies, 0);
 	if (copies.failed || !rw.notify)
 		return TC_ACT_SHOT; /* its work is done (a failed copy is a loss) */
-	/* The process's one wake-up: the notice, cut to its header and
-	 * addressed as it came, from the contributor to here. */
-	key.rank = contributor;
-	member = bpf_map_lookup_elem(&ab_members, &key);
-	if (!member || aggbox_retarget(skb, member, &copies.cur_ip, &copies.cur_port) || aggbox_tc_swap(skb))
-		return TC_ACT_SHOT;
-	hdr = aggbox_tc_strip(skb);
-	if (!hdr)
-		return TC_ACT_SHOT;
-	hdr->kind = AGGBOX_KIND_RED_LANDED;
-	hdr->sender = contributor;
-	hdr->flags = 0;
-	hdr->count = red->landed;
-	aggbox_rcount(AGGBOX_RSTAT_LANDED);
-	return TC_ACT_OK;
+	/* The process's one wake-up, cut to its header. */
+	return aggbox_tc_red_notice(skb, &key, contributor, red, &copies.cur_ip, &copies.cur_port, 1);
 
 process_sends:
 	/* The completed chunks' slots say so; the process sends their results. */
@@ -472,7 +446,7 @@ static __always_inline int aggbox_tc_red_result(struct __sk_buff *skb, struct ag
 	struct aggbox_res_walk rw = {};
 	struct aggbox_ctl *ctl;
 	struct aggbox_redctl *red;
-	__u32 segs, udp_len;
+	__u32 segs;
 
 	rw.ctl_idx = pkt->ctl;
 	rw.seq = hdr->seq;
@@ -486,21 +460,9 @@ static __always_inline int aggbox_tc_red_result(struct __sk_buff *skb, struct ag
 		goto to_user; /* the first chunk decides: the rest are its run */
 	rw.w.skb = skb;
 	rw.w.first = hdr->chunk;
-	rw.w.hdr_off = AGGBOX_OFF_UDP + sizeof(struct udphdr);
-	udp_len = bpf_ntohs(pkt->udp->len);
-	if (skb->len < rw.w.hdr_off || udp_len != skb->len - AGGBOX_OFF_UDP)
+	segs = aggbox_walk_geometry(skb, &rw.w, pkt->udp->len, AGGBOX_RED_SEGS_MAX);
+	if (segs == 0 || (segs > 1 && rw.w.stride != AGGBOX_HDR_LEN + red->chunk_bytes))
 		goto bad;
-	rw.w.total = skb->len - rw.w.hdr_off;
-	if (skb->gso_segs > 1) {
-		rw.w.stride = skb->gso_size;
-		segs = skb->gso_segs;
-		if (rw.w.stride != AGGBOX_HDR_LEN + red->chunk_bytes || segs > AGGBOX_RED_SEGS_MAX ||
-		    (rw.w.total + rw.w.stride - 1) / rw.w.stride != segs)
-			goto bad;
-	} else {
-		rw.w.stride = rw.w.total;
-		segs = 1;
-	}
 	__builtin_memcpy(rw.w.words, hdr, sizeof(rw.w.words));
 	if (segs > 1) {
 		bpf_loop(segs, aggbox_check_seg, &rw.w, 0);
