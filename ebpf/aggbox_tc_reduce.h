@@ -118,9 +118,10 @@ static long aggbox_tc_red_minmax_lane(__u64 i, void *data)
 
 /*
  * Folds segment i of the walk into its chunk's slot (bpf_loop callback).
- * Stops, leaving the skb to the process, at the first segment it cannot
- * take whole; a repeat of a contribution is skipped (and, to a completed
- * chunk, left to the process, which answers it).
+ * A segment it cannot take (a slot the process is folding into, or not
+ * prepared, or not this rank's) leaves the skb to the process, which
+ * folds just that one; a repeat of a contribution is skipped (and, to a
+ * completed chunk, left to the process, which answers it).
  */
 static long aggbox_tc_red_fold_seg(__u64 i, void *data)
 {
@@ -160,11 +161,8 @@ static long aggbox_tc_red_fold_seg(__u64 i, void *data)
 	if (old & bit) {
 		aggbox_rcount(AGGBOX_RSTAT_DUPLICATES);
 		__sync_fetch_and_sub(&slot->inflight, 1);
-		if (slot->done) {
-			/* Complete: the sender lost its result; the process answers. */
-			rw->to_user = 1;
-			return 1;
-		}
+		if (slot->done)
+			rw->to_user = 1; /* complete: the sender lost its result; the process answers */
 		return 0;
 	}
 	barrier_var(len);
@@ -203,8 +201,10 @@ static long aggbox_tc_red_fold_seg(__u64 i, void *data)
 release:
 	__sync_fetch_and_sub(&slot->inflight, 1);
 to_user:
+	/* The skb goes up whole; the others are still folded here, and the
+	 * process folds only this one (to it, the rest are repeats). */
 	rw->to_user = 1;
-	return 1;
+	return 0;
 }
 
 /* Releases segment i's completed slot, left for the process to send its
