@@ -642,6 +642,17 @@ static long aggbox_check_seg(__u64 i, void *data)
 	return 0;
 }
 
+/* Whether every one of the walk's `segs` segments has the first's header
+ * `hdr` but for its chunk (aggbox_check_seg); keeps `hdr` in the walk. */
+static __always_inline int aggbox_walk_segs_agree(struct aggbox_walk *w, struct aggbox_hdr *hdr, __u32 segs)
+{
+	__builtin_memcpy(w->words, hdr, sizeof(w->words));
+	if (segs <= 1)
+		return 1;
+	bpf_loop(segs, aggbox_check_seg, w, 0);
+	return w->done == segs;
+}
+
 /* Places segment i (bpf_loop callback; stops at the first it cannot). */
 static long aggbox_place_seg(__u64 i, void *data)
 {
@@ -751,12 +762,8 @@ static __always_inline int aggbox_tc_bcast_data(struct __sk_buff *skb, struct ag
 	want = last + 1 == rx->nchunks ? rx->last_bytes : rx->chunk_bytes;
 	if (aggbox_seg_len(&walk, segs - 1) != want || want > AGGBOX_CHUNK_MAX)
 		goto bad;
-	__builtin_memcpy(walk.words, hdr, sizeof(walk.words));
-	if (segs > 1) {
-		bpf_loop(segs, aggbox_check_seg, &walk, 0);
-		if (walk.done != segs)
-			goto bad;
-	}
+	if (!aggbox_walk_segs_agree(&walk, hdr, segs))
+		goto bad;
 	walk.slot_base = ctl_idx * AGGBOX_RX_SLOTS + (seq & (AGGBOX_RX_PHASES - 1)) * AGGBOX_RX_WINDOW;
 	walk.done = 0;
 	rank = rx->rank;

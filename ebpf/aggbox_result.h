@@ -60,6 +60,32 @@ struct aggbox_copies {
 	__u16 failed;
 };
 
+static long aggbox_tc_red_copy_one(__u64 i, void *data);
+
+/* Sends a copy of the frame (of `chunks` results, addressed to `*cur_ip`,
+ * `*cur_port`) to every member of `key->group` but `me` and `skip`;
+ * returns whether one could not be addressed, and where the frame points
+ * now. */
+static __always_inline int aggbox_tc_red_copies(struct __sk_buff *skb, struct aggbox_member_key *key, __u32 me,
+						 __u32 size, __u32 skip, __u32 chunks, __u32 *cur_ip, __u16 *cur_port)
+{
+	struct aggbox_copies copies;
+
+	copies.skb = skb;
+	copies.key = *key;
+	copies.me = me;
+	copies.size = size;
+	copies.skip = skip;
+	copies.cur_ip = *cur_ip;
+	copies.cur_port = *cur_port;
+	copies.chunks = chunks;
+	copies.failed = 0;
+	bpf_loop(size - 1, aggbox_tc_red_copy_one, &copies, 0);
+	*cur_ip = copies.cur_ip;
+	*cur_port = copies.cur_port;
+	return copies.failed;
+}
+
 static long aggbox_tc_red_copy_one(__u64 i, void *data)
 {
 	struct aggbox_copies *c = data;
@@ -111,7 +137,6 @@ static __always_inline int aggbox_tc_red_fanout(struct __sk_buff *skb, struct ag
 	struct aggbox_redctl *red;
 	struct aggbox_ctl *ctl;
 	struct aggbox_hdr *hdr;
-	struct aggbox_copies copies;
 	__u32 ctl_idx = pkt->ctl, cur_ip, me, size, coll = pkt->hdr->op >> 4, root, skip;
 	__u16 cur_port, flags = pkt->hdr->flags, contributor = pkt->hdr->sender;
 
@@ -154,20 +179,8 @@ static __always_inline int aggbox_tc_red_fanout(struct __sk_buff *skb, struct ag
 			return TC_ACT_SHOT;
 		hdr->kind = AGGBOX_KIND_RED_DONE;
 	}
-	copies.skb = skb;
-	copies.key = key;
-	copies.me = me;
-	copies.size = size;
-	copies.skip = skip;
-	copies.cur_ip = cur_ip;
-	copies.cur_port = cur_port;
-	copies.chunks = 1;
-	copies.failed = 0;
-	bpf_loop(size - 1, aggbox_tc_red_copy_one, &copies, 0);
-	if (copies.failed)
+	if (aggbox_tc_red_copies(skb, &key, me, size, skip, 1, &cur_ip, &cur_port))
 		return TC_ACT_SHOT;
-	cur_ip = copies.cur_ip;
-	cur_port = copies.cur_port;
 	if (!(flags & AGGBOX_FLAG_NOTIFY))
 		return TC_ACT_SHOT; /* its work is done */
 

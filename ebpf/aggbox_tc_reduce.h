@@ -287,7 +287,6 @@ static __always_inline int aggbox_tc_red_data(struct __sk_buff *skb, struct aggb
 	struct aggbox_hdr *hdr = pkt->hdr;
 	struct aggbox_red_walk rw = {};
 	struct aggbox_member_key key;
-	struct aggbox_copies copies;
 	struct aggbox_ctl *ctl;
 	struct aggbox_redctl *red;
 	__u32 zero = 0, segs, last, size, me, cur_ip, phase = hdr->seq & (AGGBOX_RED_PHASES - 1);
@@ -317,12 +316,8 @@ static __always_inline int aggbox_tc_red_data(struct __sk_buff *skb, struct aggb
 	/* Every segment but the last is a whole chunk. */
 	if (segs > 1 && rw.w.stride != AGGBOX_HDR_LEN + red->chunk_bytes)
 		goto bad;
-	__builtin_memcpy(rw.w.words, hdr, sizeof(rw.w.words));
-	if (segs > 1) {
-		bpf_loop(segs, aggbox_check_seg, &rw.w, 0);
-		if (rw.w.done != segs)
-			goto bad;
-	}
+	if (!aggbox_walk_segs_agree(&rw.w, hdr, segs))
+		goto bad;
 	rw.s = bpf_map_lookup_elem(&ab_redscratch, &zero);
 	if (!rw.s)
 		goto to_user;
@@ -347,20 +342,10 @@ static __always_inline int aggbox_tc_red_data(struct __sk_buff *skb, struct aggb
 	if (aggbox_tc_swap(skb) || aggbox_tc_dest(skb, &cur_ip, &cur_port))
 		return TC_ACT_SHOT; /* a loss: the contributors resend */
 	key.group = (__u32)rw.w.words[offsetof(struct aggbox_hdr, group) / 8];
-	copies.skb = skb;
-	copies.key = key;
-	copies.me = me;
-	copies.size = size;
-	copies.skip = me;
-	copies.cur_ip = cur_ip;
-	copies.cur_port = cur_port;
-	copies.chunks = segs;
-	copies.failed = 0;
-	bpf_loop(size - 1, aggbox_tc_red_copy_one, &copies, 0);
-	if (copies.failed || !rw.notify)
+	if (aggbox_tc_red_copies(skb, &key, me, size, me, segs, &cur_ip, &cur_port) || !rw.notify)
 		return TC_ACT_SHOT; /* its work is done (a failed copy is a loss) */
 	/* The process's one wake-up, cut to its header. */
-	return aggbox_tc_red_notice(skb, &key, contributor, red, &copies.cur_ip, &copies.cur_port, 1);
+	return aggbox_tc_red_notice(skb, &key, contributor, red, &cur_ip, &cur_port, 1);
 
 process_sends:
 	/* The completed chunks' slots say so; the process sends their results. */
@@ -463,12 +448,8 @@ static __always_inline int aggbox_tc_red_result(struct __sk_buff *skb, struct ag
 	segs = aggbox_walk_geometry(skb, &rw.w, pkt->udp->len, AGGBOX_RED_SEGS_MAX);
 	if (segs == 0 || (segs > 1 && rw.w.stride != AGGBOX_HDR_LEN + red->chunk_bytes))
 		goto bad;
-	__builtin_memcpy(rw.w.words, hdr, sizeof(rw.w.words));
-	if (segs > 1) {
-		bpf_loop(segs, aggbox_check_seg, &rw.w, 0);
-		if (rw.w.done != segs)
-			goto bad;
-	}
+	if (!aggbox_walk_segs_agree(&rw.w, hdr, segs))
+		goto bad;
 	rw.w.done = 0;
 	bpf_loop(segs, aggbox_tc_res_place_seg, &rw, 0);
 	/* pkt's pointers are invalid from here on. */
