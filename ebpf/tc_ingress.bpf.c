@@ -11,8 +11,9 @@
  * super-chunks in the receive windows and answers them from here
  * (aggbox_tc_bcast_data), folds ACKs at the root
  * (aggbox_bcast_fold_ack), folds reduction contributions at their owner
- * and places results at the members (aggbox_tc_reduce.h); the other
- * collectives run in user space.
+ * and places results at the members (aggbox_tc_reduce.h), and folds
+ * agreement values and answers ranks that lag (aggbox_agree.h); key-value
+ * reduce runs in user space.
  */
 /* Claims, placements and folds use atomic fetch-and-add/or and
  * compare-and-swap: build.rs compiles this for BPF v3. */
@@ -20,6 +21,7 @@
 /* Reduction sums are added under a per-slot spin lock, as in XDP. */
 #define AGGBOX_RED_LOCK 1
 #include "aggbox_tc_reduce.h"
+#include "aggbox_agree.h"
 
 /* Set by the loader: 1 on the TC hooks (no XDP program on the interface). */
 volatile const __u32 aggbox_tc_hooks = 0;
@@ -48,6 +50,10 @@ int aggbox_tc_ingress(struct __sk_buff *skb)
 				aggbox_rcount(AGGBOX_RSTAT_FORGED); /* likewise */
 				return TC_ACT_SHOT;
 			}
+			if (pkt.hdr->kind == AGGBOX_KIND_AGREE_QUORUM) {
+				aggbox_acount(AGGBOX_ASTAT_FORGED); /* likewise */
+				return TC_ACT_SHOT;
+			}
 			if (pkt.ctl >= AGGBOX_CTL_SLOTS)
 				return TC_ACT_OK;
 			if (pkt.hdr->kind == AGGBOX_KIND_BCAST_DATA)
@@ -56,6 +62,8 @@ int aggbox_tc_ingress(struct __sk_buff *skb)
 				return aggbox_tc_red_data(skb, &pkt);
 			if (pkt.hdr->kind == AGGBOX_KIND_RED_RESULT)
 				return aggbox_tc_red_result(skb, &pkt);
+			if (pkt.hdr->kind == AGGBOX_KIND_AGREE_VALUE)
+				return aggbox_tc_agree_value(skb, &pkt);
 			/* A GSO skb of ACKs is left whole to user space: the fold
 			 * reads one header. */
 			if (pkt.hdr->kind == AGGBOX_KIND_BCAST_ACK && skb->gso_segs <= 1)

@@ -3,11 +3,12 @@
 //! without and with 10% of the frames dropped: the slowest rank's time per
 //! agreement, and each rank's wake-ups per phase. Every agreement's values
 //! are checked against the inputs (validity) and against each other (ε).
+//! The hosts are on a plain bridge: the kernel datapath on the TC hooks.
 
 use crate::bench::{median, splitmix};
 use aggbox_core::{
     agree::{phases, AgreeConfig},
-    cluster::Cluster,
+    cluster::{self, Cluster},
     fault::FaultSpec,
     Comm,
 };
@@ -79,7 +80,7 @@ struct AgreeRun {
     wakeups_per_phase: f64,
     /// Sleeps on the socket per phase: the wake-ups by datagrams and timers.
     waits_per_phase: f64,
-    /// Quorums announced by XDP per phase, averaged likewise.
+    /// Quorums announced by the kernel (TC ingress) per phase, averaged likewise.
     from_kernel_per_phase: f64,
     /// Values of the running phase that reached sockets, per phase and rank.
     on_socket_per_phase: f64,
@@ -129,7 +130,8 @@ pub fn agree(hosts: usize, rounds: usize) -> Result<(), String> {
     if hosts < 3 || rounds == 0 {
         return Err("bench agree needs at least 3 hosts and 1 round".into());
     }
-    let mut cluster = Cluster::temporary(hosts).map_err(|e| e.to_string())?;
+    // A plain bridge, the network users have: the kernel datapath on the TC hooks.
+    let mut cluster = Cluster::temporary_plain(hosts, cluster::DEFAULT_MTU).map_err(|e| e.to_string())?;
     println!(
         "approximate agreement on {hosts} hosts (f = {}), inputs spread over [{LO}, {HI}] to epsilon {EPSILON} ({} phases), MTU 1500; \
          the slowest rank's time per agreement, median of {rounds}; every agreement's values checked",
@@ -145,7 +147,7 @@ pub fn agree(hosts: usize, rounds: usize) -> Result<(), String> {
         let t = median(&mut run.slowest.clone());
         medians.push(t);
         println!(
-            "{datapath:<6} loss {loss:>2}%  {:>9.0} µs  per phase and rank: {:.2} wake-ups by the socket, {:.2} voluntary context switches (with the store's fsyncs), {:.2} quorum notices from XDP, {:.2} values on the socket",
+            "{datapath:<6} loss {loss:>2}%  {:>9.0} µs  per phase and rank: {:.2} wake-ups by the socket, {:.2} voluntary context switches (with the store's fsyncs), {:.2} quorum notices from the kernel, {:.2} values on the socket",
             t, run.waits_per_phase, run.wakeups_per_phase, run.from_kernel_per_phase, run.on_socket_per_phase
         );
     }

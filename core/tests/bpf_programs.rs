@@ -857,10 +857,29 @@ fn agree_group() -> GroupInfo {
     GroupInfo { group: GROUP, token: TOKEN, peers }
 }
 
-fn agree_harness() -> (Harness, Windows) {
-    let mut h = Harness::new().unwrap();
-    let windows = h.register_with_windows(LOCAL_IP, LOCAL_PORT, &agree_group(), CTL).unwrap();
-    (h, windows)
+/// The first program agreement values meet: XDP ingress on the XDP hooks,
+/// TC ingress on the TC hooks. Both run one fold (aggbox_agree.h) and
+/// differ in their verdicts.
+struct AgreeHook {
+    prog: Prog,
+    tc: bool,
+    /// Up to the process.
+    pass: u32,
+    /// Consumed.
+    drop: u32,
+    /// Sent back out as the answer.
+    answer: u32,
+}
+
+const XDP_FIRST: AgreeHook = AgreeHook { prog: Prog::XdpIngress, tc: false, pass: xdp::PASS, drop: xdp::DROP, answer: xdp::TX };
+const TC_FIRST: AgreeHook = AgreeHook { prog: Prog::TcIngress, tc: true, pass: tc::OK, drop: tc::SHOT, answer: tc::REDIRECT };
+
+impl AgreeHook {
+    fn harness(&self) -> (Harness, Windows) {
+        let mut h = if self.tc { Harness::tc_hooks() } else { Harness::new() }.unwrap();
+        let windows = h.register_with_windows(LOCAL_IP, LOCAL_PORT, &agree_group(), CTL).unwrap();
+        (h, windows)
+    }
 }
 
 /// An AGREE_VALUE payload (header and body), as docs/PROTOCOL.md lays it out.
@@ -902,9 +921,8 @@ fn arm(windows: &Windows, seq: u32, phase: u32, quorum: u32, value: f64) {
     windows.arm_agree(&AgreeArm { seq, phase, last: 9, quorum, rank: 0, value, incarnation: 7 });
 }
 
-#[test]
-fn xdp_folds_a_phase_and_lets_one_quorum_notice_up() {
-    let (h, windows) = agree_harness();
+fn folds_a_phase_and_lets_one_quorum_notice_up(at: &AgreeHook) {
+    let (h, windows) = at.harness();
     let own = -3.5;
     arm(&windows, 11, 2, 4, own); // n = 6, f = 2: a quorum of 4, own included
     let fold = windows.agree_fold();
@@ -913,19 +931,19 @@ fn xdp_folds_a_phase_and_lets_one_quorum_notice_up() {
     assert_eq!((fold.min.to_bits(), fold.max.to_bits()), (own.to_bits(), own.to_bits()));
 
     let v1 = 1e300;
-    assert_eq!(h.run(Prog::XdpIngress, &agree_from(1, 11, 2, v1)).unwrap().retval, xdp::DROP, "folded");
-    assert_eq!(h.run(Prog::XdpIngress, &agree_from(1, 11, 2, v1)).unwrap().retval, xdp::DROP, "a repeat");
+    assert_eq!(h.run(at.prog, &agree_from(1, 11, 2, v1)).unwrap().retval, at.drop, "folded");
+    assert_eq!(h.run(at.prog, &agree_from(1, 11, 2, v1)).unwrap().retval, at.drop, "a repeat");
     assert_eq!(windows.agree_fold().count, 2, "the repeat is not counted");
     let v2 = -0.0;
-    assert_eq!(h.run(Prog::XdpIngress, &agree_from(2, 11, 2, v2)).unwrap().retval, xdp::DROP);
+    assert_eq!(h.run(at.prog, &agree_from(2, 11, 2, v2)).unwrap().retval, at.drop);
     assert_eq!(windows.agree_fold().count, 3);
     assert!(!windows.agree_fold().notified);
 
     // The quorum-th distinct sender: its value goes up as the notice.
     let v3 = -f64::MAX;
     let frame = agree_from(3, 11, 2, v3);
-    let out = h.run(Prog::XdpIngress, &frame).unwrap();
-    assert_eq!(out.retval, xdp::PASS, "the one wake-up of the phase");
+    let out = h.run(at.prog, &frame).unwrap();
+    assert_eq!(out.retval, at.pass, "the one wake-up of the phase");
     let mut want = frame.clone();
     want[42 + 5] = AGREE_QUORUM;
     assert_eq!(out.frame, want, "kind AGREE_QUORUM, header and body otherwise kept (UDP checksum 0)");
@@ -934,9 +952,9 @@ fn xdp_folds_a_phase_and_lets_one_quorum_notice_up() {
     // Past the quorum: folded, never a second notice; repeats dropped.
     let v4 = 0.0;
     let v5 = 7.25e-310; // subnormal
-    assert_eq!(h.run(Prog::XdpIngress, &agree_from(4, 11, 2, v4)).unwrap().retval, xdp::DROP);
-    assert_eq!(h.run(Prog::XdpIngress, &agree_from(3, 11, 2, v3)).unwrap().retval, xdp::DROP);
-    assert_eq!(h.run(Prog::XdpIngress, &agree_from(5, 11, 2, v5)).unwrap().retval, xdp::DROP);
+    assert_eq!(h.run(at.prog, &agree_from(4, 11, 2, v4)).unwrap().retval, at.drop);
+    assert_eq!(h.run(at.prog, &agree_from(3, 11, 2, v3)).unwrap().retval, at.drop);
+    assert_eq!(h.run(at.prog, &agree_from(5, 11, 2, v5)).unwrap().retval, at.drop);
 
     let fold = windows.agree_fold();
     assert_eq!((fold.count, fold.notified), (6, true));
@@ -952,12 +970,12 @@ fn xdp_folds_a_phase_and_lets_one_quorum_notice_up() {
     assert_eq!((fold.phase, fold.count, fold.notified, fold.senders), (3, 1, false, [1, 0, 0, 0]));
     assert_eq!((fold.min.to_bits(), fold.max.to_bits()), (0.0f64.to_bits(), 0.0f64.to_bits()));
     // Zeros of both signs: −0 is the minimum, +0 the maximum.
-    assert_eq!(h.run(Prog::XdpIngress, &agree_from(1, 11, 3, -0.0)).unwrap().retval, xdp::DROP);
+    assert_eq!(h.run(at.prog, &agree_from(1, 11, 3, -0.0)).unwrap().retval, at.drop);
     let fold = windows.agree_fold();
     assert_eq!((fold.min.to_bits(), fold.max.to_bits()), ((-0.0f64).to_bits(), 0.0f64.to_bits()));
     // Negative values order by magnitude the other way.
     for (sender, v) in [(2, -1e-5), (3, -2.5e6), (4, -2.4e6)] {
-        h.run(Prog::XdpIngress, &agree_from(sender, 11, 3, v)).unwrap();
+        h.run(at.prog, &agree_from(sender, 11, 3, v)).unwrap();
     }
     let fold = windows.agree_fold();
     let (min, max) = plain_min_max(&[0.0, -0.0, -1e-5, -2.5e6, -2.4e6]);
@@ -966,17 +984,16 @@ fn xdp_folds_a_phase_and_lets_one_quorum_notice_up() {
     assert_eq!(astat(&h, "quorums"), 2, "phase 3 has its own notice");
 }
 
-#[test]
-fn xdp_answers_a_rank_that_lags_and_drops_stale_answers() {
-    let (h, windows) = agree_harness();
+fn answers_a_rank_that_lags_and_drops_stale_answers(at: &AgreeHook) {
+    let (h, windows) = at.harness();
     let own = 42.125;
     windows.arm_agree(&AgreeArm { seq: 11, phase: 5, last: 9, quorum: 4, rank: 0, value: own, incarnation: 77 });
     // Rank 1 still sends phase 3 (with trailing bytes the answer must not keep).
     let mut late = agree_payload(1, 11, 3, 9, 0x0001, -8.0, 3);
     late.extend_from_slice(&[0xee; 24]);
     let frame = udp(rank_ip(1), rank_port(1), LOCAL_IP, LOCAL_PORT, &late);
-    let out = h.run(Prog::XdpIngress, &frame).unwrap();
-    assert_eq!(out.retval, xdp::TX, "answered in the kernel");
+    let out = h.run(at.prog, &frame).unwrap();
+    assert_eq!(out.retval, at.answer, "answered in the kernel");
     // The answer, built here independently: this rank's value of phase 5,
     // from rank 0 to rank 1, ends swapped, cut to header + body.
     let mut answer = agree_payload(0, 11, 5, 9, FLAG_ANSWER, own, 77);
@@ -1001,17 +1018,17 @@ fn xdp_answers_a_rank_that_lags_and_drops_stale_answers() {
     // An answer of an earlier phase (this rank is ahead of its sender's
     // view of it): stale, dropped.
     let stale = agree_payload(2, 11, 4, 9, FLAG_ANSWER, 1.0, 1);
-    let out = h.run(Prog::XdpIngress, &udp(rank_ip(2), rank_port(2), LOCAL_IP, LOCAL_PORT, &stale)).unwrap();
-    assert_eq!(out.retval, xdp::DROP);
+    let out = h.run(at.prog, &udp(rank_ip(2), rank_port(2), LOCAL_IP, LOCAL_PORT, &stale)).unwrap();
+    assert_eq!(out.retval, at.drop);
     // An answer of the armed phase is a value of that phase: folded.
     let answer5 = agree_payload(2, 11, 5, 9, FLAG_ANSWER, 50.0, 1);
-    let out = h.run(Prog::XdpIngress, &udp(rank_ip(2), rank_port(2), LOCAL_IP, LOCAL_PORT, &answer5)).unwrap();
-    assert_eq!(out.retval, xdp::DROP);
+    let out = h.run(at.prog, &udp(rank_ip(2), rank_port(2), LOCAL_IP, LOCAL_PORT, &answer5)).unwrap();
+    assert_eq!(out.retval, at.drop);
     assert_eq!((windows.agree_fold().count, windows.agree_fold().max), (2, 50.0));
     // Of a later phase: up to the process, unchanged.
     let ahead = agree_from(3, 11, 6, 1.5);
-    let out = h.run(Prog::XdpIngress, &ahead).unwrap();
-    assert_eq!((out.retval, &out.frame), (xdp::PASS, &ahead));
+    let out = h.run(at.prog, &ahead).unwrap();
+    assert_eq!((out.retval, &out.frame), (at.pass, &ahead));
     assert_eq!(astats(&h), vec![("folded", 1), ("ahead", 1), ("answered", 1), ("stale", 1)]);
 
     // Decided: the last phase with an unreachable quorum. XDP records final
@@ -1019,12 +1036,12 @@ fn xdp_answers_a_rank_that_lags_and_drops_stale_answers() {
     let decided = 41.0;
     windows.arm_agree(&AgreeArm { seq: 11, phase: 9, last: 9, quorum: u32::MAX, rank: 0, value: decided, incarnation: 78 });
     for sender in 1..AGREE_RANKS {
-        assert_eq!(h.run(Prog::XdpIngress, &agree_from(sender, 11, 9, 40.0 + sender as f64 / 8.0)).unwrap().retval, xdp::DROP);
+        assert_eq!(h.run(at.prog, &agree_from(sender, 11, 9, 40.0 + sender as f64 / 8.0)).unwrap().retval, at.drop);
     }
     let fold = windows.agree_fold();
     assert_eq!((fold.count, fold.notified, fold.senders[0]), (AGREE_RANKS as u32, false, 0b11_1111));
-    let out = h.run(Prog::XdpIngress, &agree_from(4, 11, 2, 0.0)).unwrap();
-    assert_eq!(out.retval, xdp::TX);
+    let out = h.run(at.prog, &agree_from(4, 11, 2, 0.0)).unwrap();
+    assert_eq!(out.retval, at.answer);
     assert_eq!(u32::from_le_bytes(out.frame[42 + 28..42 + 32].try_into().unwrap()), 9, "the final phase");
     assert_eq!(f64::from_bits(u64::from_le_bytes(out.frame[82..90].try_into().unwrap())), decided);
     assert_eq!(u32::from_le_bytes(out.frame[90..94].try_into().unwrap()), 78);
@@ -1035,58 +1052,56 @@ fn xdp_answers_a_rank_that_lags_and_drops_stale_answers() {
     // too: it has not heard that this one did, so it is answered with this
     // rank's final value; a first copy or an answer is only recorded.
     let repeat = agree_payload(5, 11, 9, 9, FLAG_RETRANSMIT, 40.625, 3);
-    let out = h.run(Prog::XdpIngress, &udp(rank_ip(5), rank_port(5), LOCAL_IP, LOCAL_PORT, &repeat)).unwrap();
-    assert_eq!(out.retval, xdp::TX, "a repeated final value is answered");
+    let out = h.run(at.prog, &udp(rank_ip(5), rank_port(5), LOCAL_IP, LOCAL_PORT, &repeat)).unwrap();
+    assert_eq!(out.retval, at.answer, "a repeated final value is answered");
     assert_eq!(flags_of(&out.frame), FLAG_ANSWER);
     assert_eq!(u32::from_le_bytes(out.frame[42 + 28..42 + 32].try_into().unwrap()), 9);
     assert_eq!(f64::from_bits(u64::from_le_bytes(out.frame[82..90].try_into().unwrap())), decided);
     assert_eq!(&out.frame[14 + 16..14 + 20], &rank_ip(5).octets(), "to rank 5");
     let answered = agree_payload(5, 11, 9, 9, FLAG_RETRANSMIT | FLAG_ANSWER, 40.625, 3);
-    let out = h.run(Prog::XdpIngress, &udp(rank_ip(5), rank_port(5), LOCAL_IP, LOCAL_PORT, &answered)).unwrap();
-    assert_eq!(out.retval, xdp::DROP, "an answer is not answered");
+    let out = h.run(at.prog, &udp(rank_ip(5), rank_port(5), LOCAL_IP, LOCAL_PORT, &answered)).unwrap();
+    assert_eq!(out.retval, at.drop, "an answer is not answered");
     assert_eq!(windows.agree_fold().count, AGREE_RANKS as u32, "nobody counted twice");
 }
 
-#[test]
-fn xdp_leaves_other_agreements_to_the_process_and_drops_what_is_wrong() {
-    let (h, windows) = agree_harness();
+fn leaves_other_agreements_to_the_process_and_drops_what_is_wrong(at: &AgreeHook) {
+    let (h, windows) = at.harness();
     // Not armed: everything goes up unchanged.
     let v = agree_from(1, 11, 0, 2.0);
-    assert_eq!(h.run(Prog::XdpIngress, &v).unwrap(), aggbox_core::testrun::TestRun { retval: xdp::PASS, frame: v.clone() });
+    assert_eq!(h.run(at.prog, &v).unwrap(), aggbox_core::testrun::TestRun { retval: at.pass, frame: v.clone() });
     arm(&windows, 11, 0, 4, 1.0);
     // Another agreement: the process decides.
     let other = agree_from(1, 12, 0, 2.0);
-    assert_eq!(h.run(Prog::XdpIngress, &other).unwrap(), aggbox_core::testrun::TestRun { retval: xdp::PASS, frame: other.clone() });
+    assert_eq!(h.run(at.prog, &other).unwrap(), aggbox_core::testrun::TestRun { retval: at.pass, frame: other.clone() });
     assert_eq!(astat(&h, "passed"), 2);
     // This agreement in another number of phases (a rank with another
     // epsilon or bounds): not folded, up to the process, which reports it.
     let mismatched = udp(rank_ip(1), rank_port(1), LOCAL_IP, LOCAL_PORT, &agree_payload(1, 11, 0, 12, 0, 2.0, 1));
-    assert_eq!(h.run(Prog::XdpIngress, &mismatched).unwrap(), aggbox_core::testrun::TestRun { retval: xdp::PASS, frame: mismatched.clone() });
+    assert_eq!(h.run(at.prog, &mismatched).unwrap(), aggbox_core::testrun::TestRun { retval: at.pass, frame: mismatched.clone() });
     assert_eq!(astat(&h, "passed"), 3);
-    // An AGREE_QUORUM from the wire: forged (only XDP makes them).
+    // An AGREE_QUORUM from the wire: forged (only the first program makes them).
     let mut forged = agree_payload(1, 11, 0, 9, 0, 2.0, 1);
     forged[5] = AGREE_QUORUM;
-    let out = h.run(Prog::XdpIngress, &udp(rank_ip(1), rank_port(1), LOCAL_IP, LOCAL_PORT, &forged)).unwrap();
-    assert_eq!(out.retval, xdp::DROP);
+    let out = h.run(at.prog, &udp(rank_ip(1), rank_port(1), LOCAL_IP, LOCAL_PORT, &forged)).unwrap();
+    assert_eq!(out.retval, at.drop);
     // Bodies too short: the header alone, and one byte short.
     let full = agree_payload(2, 11, 0, 9, 0, 2.0, 1);
     for cut in [40, 55] {
-        let out = h.run(Prog::XdpIngress, &udp(rank_ip(2), rank_port(2), LOCAL_IP, LOCAL_PORT, &full[..cut])).unwrap();
-        assert_eq!(out.retval, xdp::DROP, "{cut} bytes");
+        let out = h.run(at.prog, &udp(rank_ip(2), rank_port(2), LOCAL_IP, LOCAL_PORT, &full[..cut])).unwrap();
+        assert_eq!(out.retval, at.drop, "{cut} bytes");
     }
     assert_eq!(windows.agree_fold().count, 1, "nothing folded");
     assert_eq!(astats(&h), vec![("malformed", 2), ("forged", 1), ("passed", 3)]);
     // Disarmed: up again.
     windows.disarm_agree();
     let v = agree_from(1, 11, 0, 2.0);
-    assert_eq!(h.run(Prog::XdpIngress, &v).unwrap().retval, xdp::PASS);
+    assert_eq!(h.run(at.prog, &v).unwrap().retval, at.pass);
     assert_eq!(windows.agree_fold().seq, 0);
     assert_eq!(astat(&h, "passed"), 4);
 }
 
-#[test]
-fn the_process_folds_passed_up_values_with_the_same_atomics() {
-    let (h, windows) = agree_harness();
+fn the_process_folds_passed_up_values_with_the_same_atomics(at: &AgreeHook) {
+    let (h, windows) = at.harness();
     arm(&windows, 21, 4, 4, 10.0);
     // Values that reached the socket (before the arming, or contended).
     assert_eq!(windows.fold_agree(21, 4, 1, -20.0), AgreeFolded::Folded);
@@ -1095,15 +1110,15 @@ fn the_process_folds_passed_up_values_with_the_same_atomics() {
     assert_eq!(windows.fold_agree(22, 4, 2, 99.0), AgreeFolded::NotArmed, "another agreement");
     assert_eq!(windows.agree_fold().count, 2);
     // XDP and the process fold into the same block.
-    assert_eq!(h.run(Prog::XdpIngress, &agree_from(2, 21, 4, 30.0)).unwrap().retval, xdp::DROP);
-    assert_eq!(h.run(Prog::XdpIngress, &agree_from(1, 21, 4, -20.0)).unwrap().retval, xdp::DROP, "the process folded rank 1");
+    assert_eq!(h.run(at.prog, &agree_from(2, 21, 4, 30.0)).unwrap().retval, at.drop);
+    assert_eq!(h.run(at.prog, &agree_from(1, 21, 4, -20.0)).unwrap().retval, at.drop, "the process folded rank 1");
     assert_eq!(astat(&h, "duplicates"), 1);
     assert_eq!(windows.fold_agree(21, 4, 2, 30.0), AgreeFolded::Duplicate, "XDP folded rank 2");
     // The process's fold takes the count to the quorum: it wins the notice …
     assert_eq!(windows.fold_agree(21, 4, 3, 5.0), AgreeFolded::Quorum);
     assert!(windows.agree_fold().notified);
     // … so XDP sends none.
-    assert_eq!(h.run(Prog::XdpIngress, &agree_from(4, 21, 4, 1e9)).unwrap().retval, xdp::DROP);
+    assert_eq!(h.run(at.prog, &agree_from(4, 21, 4, 1e9)).unwrap().retval, at.drop);
     assert_eq!(windows.fold_agree(21, 4, 5, -1e-9), AgreeFolded::Folded);
     let fold = windows.agree_fold();
     let (min, max) = plain_min_max(&[10.0, -20.0, 30.0, 5.0, 1e9, -1e-9]);
@@ -1118,14 +1133,13 @@ fn the_process_folds_passed_up_values_with_the_same_atomics() {
 /// whatever the races (a value that loses too many compare-and-swaps is
 /// left to the process, and its next repeat is folded), the fold ends exact
 /// and the notice went up once.
-#[test]
-fn concurrent_folds_end_exact_with_one_notice() {
+fn concurrent_folds_end_exact_with_one_notice(at: &AgreeHook) {
     const REPEAT: u32 = 3000;
-    let (h, windows) = agree_harness();
+    let (h, windows) = at.harness();
     arm(&windows, 31, 0, AGREE_RANKS as u32, 0.5);
     let values: Vec<f64> = vec![0.5, -7.0, 1e10, -0.0, 3.25, -1e-300];
     let frames: Vec<Vec<u8>> = (1..AGREE_RANKS).map(|s| agree_from(s, 31, 0, values[s])).collect();
-    let fd = h.prog_fd(Prog::XdpIngress).unwrap();
+    let fd = h.prog_fd(at.prog).unwrap();
     std::thread::scope(|scope| {
         for frame in &frames {
             scope.spawn(move || aggbox_core::testrun::test_run_timed(fd, frame, REPEAT).unwrap());
@@ -1141,6 +1155,56 @@ fn concurrent_folds_end_exact_with_one_notice() {
     // program left it: after the notice, that sender's frame is a QUORUM.)
     let total = (frames.len() as u32 * REPEAT) as u64;
     assert_eq!(s("folded") + s("quorums") + s("duplicates") + s("contended") + s("forged"), total, "{:?}", astats(&h));
+}
+
+#[test]
+fn xdp_folds_a_phase_and_lets_one_quorum_notice_up() {
+    folds_a_phase_and_lets_one_quorum_notice_up(&XDP_FIRST);
+}
+
+#[test]
+fn tc_folds_a_phase_and_lets_one_quorum_notice_up() {
+    folds_a_phase_and_lets_one_quorum_notice_up(&TC_FIRST);
+}
+
+#[test]
+fn xdp_answers_a_rank_that_lags_and_drops_stale_answers() {
+    answers_a_rank_that_lags_and_drops_stale_answers(&XDP_FIRST);
+}
+
+#[test]
+fn tc_answers_a_rank_that_lags_and_drops_stale_answers() {
+    answers_a_rank_that_lags_and_drops_stale_answers(&TC_FIRST);
+}
+
+#[test]
+fn xdp_leaves_other_agreements_to_the_process_and_drops_what_is_wrong() {
+    leaves_other_agreements_to_the_process_and_drops_what_is_wrong(&XDP_FIRST);
+}
+
+#[test]
+fn tc_leaves_other_agreements_to_the_process_and_drops_what_is_wrong() {
+    leaves_other_agreements_to_the_process_and_drops_what_is_wrong(&TC_FIRST);
+}
+
+#[test]
+fn xdp_the_process_folds_passed_up_values_with_the_same_atomics() {
+    the_process_folds_passed_up_values_with_the_same_atomics(&XDP_FIRST);
+}
+
+#[test]
+fn tc_the_process_folds_passed_up_values_with_the_same_atomics() {
+    the_process_folds_passed_up_values_with_the_same_atomics(&TC_FIRST);
+}
+
+#[test]
+fn xdp_concurrent_folds_end_exact_with_one_notice() {
+    concurrent_folds_end_exact_with_one_notice(&XDP_FIRST);
+}
+
+#[test]
+fn tc_concurrent_folds_end_exact_with_one_notice() {
+    concurrent_folds_end_exact_with_one_notice(&TC_FIRST);
 }
 
 // ---- The TC hooks: TC ingress first, super-chunks -------------------------------------

@@ -14,7 +14,9 @@
 //! counter) in its [`store`]; a rank started again resumes from there and
 //! sends, for every phase it took part in, the value it sent before.
 //!
-//! On the kernel datapath the owners' XDP folds a phase's values (count,
+//! On the kernel datapath the first program on each rank's interface (TC
+//! ingress on the TC hooks, XDP ingress on the XDP hooks: one body,
+//! `ebpf/aggbox_agree.h`) folds a phase's values (count,
 //! minimum and maximum of order-preserving integer keys; a sender once) and
 //! passes one notice up when the quorum is in: one wake-up per phase.
 
@@ -190,7 +192,7 @@ struct Run {
     decided: Vec<bool>,
     /// The start counter each rank's values last carried.
     incarnation: Vec<u32>,
-    /// XDP folds this rank's phases (the kernel datapath): the quorum and
+    /// The kernel folds this rank's phases (the kernel datapath): the quorum and
     /// who was heard are in the window, not in `fold`.
     kernel: bool,
     /// TC egress fans this rank's values out: one send per phase.
@@ -467,13 +469,11 @@ impl Comm {
         Ok(())
     }
 
-    /// The kernel agreement window, on the kernel datapath with XDP hooks
-    /// (XDP folds agreement values; on the TC hooks agreement runs in user
-    /// space).
+    /// The kernel agreement window, on the kernel datapath (the first
+    /// program on the interface, XDP or TC ingress, folds agreement values).
     fn agree_windows(&self) -> Option<&Windows> {
         self.attachment
             .as_ref()
-            .filter(|a| a.hooks().has_xdp())
             .and_then(|a| a.windows())
             .filter(|_| self.datapath() == Datapath::Kernel)
     }
