@@ -7,26 +7,28 @@
  * table of its own making: an open-addressing array of slots
  * (BPF_F_MMAPABLE, 2 x kernel_capacity slots, kept across operations) in
  * ab_kvarrs[ctl], or a BPF hash map of kernel_capacity entries in
- * ab_kvtabs[ctl] (AGGBOX_KV_TABLE=hash). For each KV_DATA of a group served
- * here, XDP ingress (aggbox_xdp_kv_data) looks the batch up in the mapper's
- * window of batch numbers (ab_kvwin, kept across operations): a batch
- * folded before is answered with a KV_ACK by XDP_TX (its ack was lost), one
- * being folded on another CPU is dropped, one spilled before goes up again.
- * A new batch of an operation not armed yet (its mapper began first) is
- * held off: dropped unacknowledged, so it comes again and is folded here.
- * A new batch of the armed operation is claimed (compare-and-swap) and the
- * fold stage (aggbox_xdp_kv_fold or aggbox_xdp_kv_fold_array, tail-called,
- * AGGBOX_KV_SEG pairs per run) folds its pairs into the table: an atomic add
- * on an existing key for SUM, a compare-and-swap loop for MIN and MAX; a new
- * key claims an empty slot within AGGBOX_KV_PROBES (array; see
- * aggbox_kv_fold_slot) or is inserted with BPF_NOEXIST (hash; a second look
- * when another CPU inserted the key first). When
- * every pair is folded the batch is counted for its mapper (ab_kvcount) and
- * turned into its KV_ACK, sent back by XDP_TX: no process runs. A pair the
- * kernel cannot fold (a key longer than AGGBOX_KV_KEY, the table full, a
- * NaN, a value a CAS loop could not settle) stops the fold: the batch goes
- * up to the socket flagged KV_SPILL with the number of pairs already folded
- * in the high half of `nchunks`, and the process folds the rest (spill).
+ * ab_kvtabs[ctl] (AGGBOX_KV_TABLE=hash). For each KV_DATA of a group served here, the first program on
+ * the interface (TC ingress on the TC hooks, XDP ingress on the XDP hooks:
+ * one body, aggbox_kv_data, with two entry points) looks the batch up in
+ * the mapper's window of batch numbers (ab_kvwin, kept across operations):
+ * a batch folded before is answered with a KV_ACK sent back from the kernel
+ * (its ack was lost), one being folded on another CPU is dropped, one
+ * spilled before goes up again. A new batch of an operation not armed yet
+ * (its mapper began first) is held off: dropped unacknowledged, so it comes
+ * again and is folded here. A new batch of the armed operation is claimed
+ * (compare-and-swap) and a bpf_loop over its pairs (aggbox_kv_fold_next)
+ * folds them into the table: an atomic add on an existing key for SUM, a
+ * compare-and-swap loop for MIN and MAX; a new key claims an empty slot
+ * within AGGBOX_KV_PROBES (array; see aggbox_kv_fold_slot) or is inserted
+ * with BPF_NOEXIST (hash; a second look when another CPU inserted the key
+ * first). When every pair is folded the batch is counted for its mapper
+ * (ab_kvcount) and turned into its KV_ACK, sent back (XDP_TX, or
+ * bpf_redirect to the interface's egress from TC): no process runs. A pair
+ * the kernel cannot fold (a key longer than AGGBOX_KV_KEY, the table full,
+ * a NaN, a value a CAS loop could not settle) stops the fold: the batch
+ * goes up to the socket flagged KV_SPILL with the number of pairs already
+ * folded in the high half of `nchunks`, and the process folds the rest
+ * (spill). A GSO super-packet of batches goes up to the process whole.
  */
 #ifndef AGGBOX_KV_H
 #define AGGBOX_KV_H
@@ -37,16 +39,10 @@
 #define AGGBOX_KV_KEY 32
 /* Batch numbers of one mapper's window (= kv::WINDOW, a power of 2). */
 #define AGGBOX_KV_WINDOW 256
-/* Pairs one run of the fold stage folds (one tail call per segment). */
-#define AGGBOX_KV_SEG 16
 /* Bytes of a pair besides its key: u16 length, u64 value. */
 #define AGGBOX_KV_PAIR 10
 /* KV_DATA passed up by XDP: the first (nchunks >> 16) pairs are folded. */
 #define AGGBOX_FLAG_KV_SPILL 0x0020
-/* Tail-call targets in ab_kvprogs. */
-#define AGGBOX_KVPROG_FOLD 0 /* into a BPF hash map (ab_kvtabs) */
-#define AGGBOX_KVPROG_FOLD_ARRAY 1 /* into an open-addressing array (ab_kvarrs) */
-#define AGGBOX_KVPROG_MAX 2
 /* aggbox_kvctl.table: the kind of the armed operation's kernel table. */
 #define AGGBOX_KVTAB_HASH 0
 #define AGGBOX_KVTAB_ARRAY 1
@@ -111,19 +107,21 @@ struct aggbox_kvcount {
 	__u64 pairs; /* pairs folded (spilled batches' first pairs included) */
 };
 
-/* The fold stage's state, carried across its tail calls. */
+/* The fold of one batch, carried through its bpf_loop over the pairs
+ * (per CPU: the keys are too big for the stack). */
 struct aggbox_kv_scratch {
 	__u32 ctl;
 	__u32 win; /* index into ab_kvwin */
 	__u32 batch;
-	__u32 off; /* of the next pair in the frame */
+	__u32 off; /* of the next pair in the packet */
 	__u32 end; /* of the payload */
 	__u32 i; /* pairs folded */
 	__u32 count; /* pairs in the batch */
 	__u32 key_max;
 	__u8 dtype;
 	__u8 op;
-	__u8 reserved[2];
+	__u8 table; /* AGGBOX_KVTAB_* */
+	__u8 spill; /* 1: a pair could not be folded */
 	__u32 mask; /* of an array table */
 	struct aggbox_kvkey key;
 	struct aggbox_kvslot cand; /* array table: the key in cand.words */
@@ -136,7 +134,7 @@ enum aggbox_kvstat {
 	AGGBOX_KVSTAT_SPILLED = 2, /* batches passed up with KV_SPILL */
 	AGGBOX_KVSTAT_DUPLICATES = 3, /* repeats of a folded batch, acknowledged again */
 	AGGBOX_KVSTAT_TO_USER = 4, /* KV_DATA left to user space (mismatched, odd) */
-	AGGBOX_KVSTAT_ERRORS = 5, /* a tail call that did not happen (must stay 0) */
+	AGGBOX_KVSTAT_ERRORS = 5, /* a fold loop that did not run (must stay 0) */
 	AGGBOX_KVSTAT_HELD = 6, /* new batches of an operation not armed yet, dropped unacknowledged */
 	AGGBOX_KVSTAT_MAX = 7,
 };
@@ -207,14 +205,6 @@ struct {
 } ab_kvscratch SEC(".maps");
 
 struct {
-	__uint(type, BPF_MAP_TYPE_PROG_ARRAY);
-	__uint(max_entries, AGGBOX_KVPROG_MAX);
-	__type(key, __u32);
-	__type(value, __u32);
-	__uint(pinning, LIBBPF_PIN_BY_NAME);
-} ab_kvprogs SEC(".maps");
-
-struct {
 	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
 	__uint(max_entries, AGGBOX_KVSTAT_MAX);
 	__type(key, __u32);
@@ -234,133 +224,6 @@ static __always_inline void aggbox_kvcount_pairs(__u32 n)
 
 	if (value)
 		*value += n;
-}
-
-/* The batch's KV_ACK, sent back where it came from. */
-static __always_inline int aggbox_xdp_kv_ack(struct xdp_md *ctx, __u32 payload_len, __u32 rank)
-{
-	struct aggbox_hdr *hdr = aggbox_xdp_strip(ctx, payload_len);
-
-	if (!hdr)
-		return XDP_DROP;
-	hdr->kind = AGGBOX_KIND_KV_ACK;
-	hdr->sender = rank;
-	hdr->flags = 0;
-	hdr->count = 0;
-	return aggbox_xdp_bounce(ctx);
-}
-
-/* Passes the batch up flagged KV_SPILL, `folded` of its pairs folded. */
-static __always_inline int aggbox_xdp_kv_spill(struct xdp_md *ctx, __u32 key_max, __u32 folded)
-{
-	void *data = (void *)(long)ctx->data;
-	void *data_end = (void *)(long)ctx->data_end;
-	struct aggbox_hdr *hdr = data + AGGBOX_OFF_UDP + sizeof(struct udphdr);
-
-	if ((void *)(hdr + 1) > data_end)
-		return XDP_DROP;
-	/* The UDP checksum covers the header: none from here on. */
-	((struct udphdr *)(data + AGGBOX_OFF_UDP))->check = 0;
-	hdr->flags |= AGGBOX_FLAG_KV_SPILL;
-	hdr->nchunks = (key_max & 0xffff) | (folded << 16);
-	aggbox_kvcount_stat(AGGBOX_KVSTAT_SPILLED);
-	return XDP_PASS;
-}
-
-/*
- * XDP ingress, a KV_DATA of a group served here: answer a repeat, fold a new
- * batch of the armed operation (by the fold stage), else pass it up.
- */
-static __always_inline int aggbox_xdp_kv_data(struct xdp_md *ctx, struct aggbox_pkt *pkt)
-{
-	struct aggbox_hdr *hdr = pkt->hdr;
-	struct aggbox_kv_scratch *s;
-	struct aggbox_kvctl *kc;
-	struct aggbox_kvwin *win;
-	__u32 ctl_idx = pkt->ctl, zero = 0, win_idx, b = hdr->chunk, cb, st, len;
-	__u64 cur, *slot;
-
-	if (pkt->ip->ihl != 5 || (hdr->flags & AGGBOX_FLAG_KV_SPILL) || hdr->sender >= AGGBOX_MAX_RANKS)
-		goto to_user;
-	kc = bpf_map_lookup_elem(&ab_kvctl, &ctl_idx);
-	if (!kc)
-		goto to_user;
-	if (kc->group != hdr->group || kc->group == 0) {
-		/* The port is this group's (aggbox_classify checked), so its
-		 * process has not opened key-value reduce here yet: hold the
-		 * batch off unacknowledged; it comes again. */
-		aggbox_kvcount_stat(AGGBOX_KVSTAT_HELD);
-		return XDP_DROP;
-	}
-	if (kc->seq != 0 && hdr->seq == kc->seq &&
-	    (hdr->dtype != kc->dtype || hdr->op != kc->op || hdr->nchunks != kc->key_max))
-		goto to_user; /* the process fails the call as mismatched */
-	len = bpf_ntohs(pkt->udp->len) - sizeof(struct udphdr) - sizeof(*hdr);
-	win_idx = ctl_idx * AGGBOX_MAX_RANKS + hdr->sender;
-	win = bpf_map_lookup_elem(&ab_kvwin, &win_idx);
-	if (!win)
-		goto to_user;
-	slot = &win->slot[b & (AGGBOX_KV_WINDOW - 1)];
-	cur = *(volatile __u64 *)slot;
-	cb = cur >> 32;
-	st = (__u32)cur;
-	if (cur != 0 && cb == b) {
-		if (st == AGGBOX_KV_DONE) {
-			aggbox_kvcount_stat(AGGBOX_KVSTAT_DUPLICATES);
-			return aggbox_xdp_kv_ack(ctx, len, kc->rank);
-		}
-		if (st == AGGBOX_KV_BUSY)
-			return XDP_DROP; /* another CPU folds it; it comes again */
-		return aggbox_xdp_kv_spill(ctx, kc->key_max, st - AGGBOX_KV_SPILLED);
-	}
-	if (cur != 0 && (__s32)(b - cb) < 0) {
-		/* Older than the batch that took its slot: that one was sent
-		 * only after this one was acknowledged, so it was counted. */
-		aggbox_kvcount_stat(AGGBOX_KVSTAT_DUPLICATES);
-		return aggbox_xdp_kv_ack(ctx, len, kc->rank);
-	}
-	if (kc->seq == 0 || hdr->seq != kc->seq) {
-		/* A new batch of an operation not armed here (yet): its
-		 * mapper began first. Held off unacknowledged, the window
-		 * untouched; the mapper sends it again and, armed by then,
-		 * XDP folds it. */
-		aggbox_kvcount_stat(AGGBOX_KVSTAT_HELD);
-		return XDP_DROP;
-	}
-	if (__sync_val_compare_and_swap(slot, cur, ((__u64)b << 32) | AGGBOX_KV_BUSY) != cur)
-		return XDP_DROP; /* claimed meanwhile by another CPU */
-	s = bpf_map_lookup_elem(&ab_kvscratch, &zero);
-	if (!s) {
-		*(volatile __u64 *)slot = ((__u64)b << 32) | AGGBOX_KV_SPILLED;
-		return aggbox_xdp_kv_spill(ctx, kc->key_max, 0);
-	}
-	s->ctl = ctl_idx;
-	s->win = win_idx;
-	s->batch = b;
-	s->off = AGGBOX_OFF_PAYLOAD;
-	s->end = AGGBOX_OFF_PAYLOAD + len;
-	s->i = 0;
-	s->count = hdr->count;
-	s->key_max = kc->key_max;
-	s->dtype = kc->dtype;
-	s->op = kc->op;
-	s->mask = kc->mask;
-	if (!kc->fold) {
-		*(volatile __u64 *)slot = ((__u64)b << 32) | AGGBOX_KV_SPILLED;
-		return aggbox_xdp_kv_spill(ctx, kc->key_max, 0);
-	}
-	if (kc->table == AGGBOX_KVTAB_ARRAY)
-		bpf_tail_call(ctx, &ab_kvprogs, AGGBOX_KVPROG_FOLD_ARRAY);
-	else
-		bpf_tail_call(ctx, &ab_kvprogs, AGGBOX_KVPROG_FOLD);
-	/* Not reached while the fold stage is in ab_kvprogs. */
-	aggbox_kvcount_stat(AGGBOX_KVSTAT_ERRORS);
-	*(volatile __u64 *)slot = ((__u64)b << 32) | AGGBOX_KV_SPILLED;
-	return aggbox_xdp_kv_spill(ctx, kc->key_max, 0);
-
-to_user:
-	aggbox_kvcount_stat(AGGBOX_KVSTAT_TO_USER);
-	return XDP_PASS;
 }
 
 /* The order of f64 bits as an unsigned integer (NaN excluded). */
@@ -502,96 +365,312 @@ static __always_inline int aggbox_kv_fold_slot(void *table, __u32 mask, const __
 	return -1;
 }
 
-/*
- * The fold stage: folds up to AGGBOX_KV_SEG pairs from the scratch's offset,
- * then tail-calls itself for the next ones; after the last, counts the batch
- * and acknowledges it, or spills it at the first pair it cannot fold.
- */
-static __always_inline int aggbox_xdp_kv_fold_stage(struct xdp_md *ctx, const int array)
+/* Loads `len` bytes at `off` of the packet (an skb with `is_skb`, else an
+ * XDP frame); `is_skb` is a constant at every call. */
+static __always_inline long aggbox_kv_load(void *ctx, const int is_skb, __u32 off, void *to, __u32 len)
 {
+	return is_skb ? bpf_skb_load_bytes(ctx, off, to, len) : bpf_xdp_load_bytes(ctx, off, to, len);
+}
+
+/* What a bpf_loop over a batch's pairs carries. */
+struct aggbox_kv_walk {
+	void *ctx; /* the packet */
 	struct aggbox_kv_scratch *s;
-	struct aggbox_kvcount *count;
-	struct aggbox_kvwin *win;
-	struct aggbox_kvctl *kc;
+};
+
+/*
+ * Folds the batch's next pair (one bpf_loop step): 0 to go on, 1 to stop,
+ * after the last pair or at one that must spill (s->spill set).
+ */
+static __always_inline long aggbox_kv_fold_next(struct aggbox_kv_walk *w, const int is_skb)
+{
+	struct aggbox_kv_scratch *s = w->s;
 	void *table;
-	__u64 value, *slot;
-	__u32 zero = 0, k, len, rank;
+	__u64 value;
+	__u32 len;
 	__u16 klen;
 
-	s = bpf_map_lookup_elem(&ab_kvscratch, &zero);
-	if (!s)
-		return XDP_DROP;
-	win = bpf_map_lookup_elem(&ab_kvwin, &s->win);
-	if (!win)
-		return XDP_DROP;
-	slot = &win->slot[s->batch & (AGGBOX_KV_WINDOW - 1)];
-	if (array)
+	if (s->i >= s->count)
+		return 1;
+	if (aggbox_kv_load(w->ctx, is_skb, s->off, &klen, sizeof(klen)) ||
+	    aggbox_kv_load(w->ctx, is_skb, s->off + 2, &value, sizeof(value)))
+		goto spill;
+	len = klen;
+	if (len == 0 || len > AGGBOX_KV_KEY || s->off + AGGBOX_KV_PAIR + len > s->end)
+		goto spill; /* a long key (or a malformed pair: user space says so) */
+	if (s->table == AGGBOX_KVTAB_ARRAY) {
 		table = bpf_map_lookup_elem(&ab_kvarrs, &s->ctl);
-	else
-		table = bpf_map_lookup_elem(&ab_kvtabs, &s->ctl);
-	if (!table)
-		goto spill;
-	for (k = 0; k < AGGBOX_KV_SEG; k++) {
-		if (s->i >= s->count)
-			break;
-		if (bpf_xdp_load_bytes(ctx, s->off, &klen, sizeof(klen)) ||
-		    bpf_xdp_load_bytes(ctx, s->off + 2, &value, sizeof(value)))
+		if (!table)
 			goto spill;
-		len = klen;
-		if (len == 0 || len > AGGBOX_KV_KEY || s->off + AGGBOX_KV_PAIR + len > s->end)
-			goto spill; /* a long key (or a malformed pair: user space says so) */
-		if (array) {
-			s->cand.words[0] = 0;
-			s->cand.words[1] = 0;
-			s->cand.words[2] = 0;
-			s->cand.words[3] = 0;
-			barrier_var(len);
-			if (len == 0 || len > AGGBOX_KV_KEY)
-				goto spill;
-			if (bpf_xdp_load_bytes(ctx, s->off + AGGBOX_KV_PAIR, s->cand.words, len))
-				goto spill;
-			if (aggbox_kv_fold_slot(table, s->mask, s->cand.words, len, value, s->dtype, s->op))
-				goto spill;
-		} else {
-			__builtin_memset(&s->key, 0, sizeof(s->key));
-			s->key.len = len;
-			barrier_var(len);
-			if (len == 0 || len > AGGBOX_KV_KEY)
-				goto spill;
-			if (bpf_xdp_load_bytes(ctx, s->off + AGGBOX_KV_PAIR, s->key.bytes, len))
-				goto spill;
-			if (aggbox_kv_fold_pair(table, &s->key, value, s->dtype, s->op))
-				goto spill;
+		s->cand.words[0] = 0;
+		s->cand.words[1] = 0;
+		s->cand.words[2] = 0;
+		s->cand.words[3] = 0;
+		barrier_var(len);
+		if (len == 0 || len > AGGBOX_KV_KEY)
+			goto spill;
+		if (aggbox_kv_load(w->ctx, is_skb, s->off + AGGBOX_KV_PAIR, s->cand.words, len))
+			goto spill;
+		if (aggbox_kv_fold_slot(table, s->mask, s->cand.words, len, value, s->dtype, s->op))
+			goto spill;
+	} else {
+		table = bpf_map_lookup_elem(&ab_kvtabs, &s->ctl);
+		if (!table)
+			goto spill;
+		__builtin_memset(&s->key, 0, sizeof(s->key));
+		s->key.len = len;
+		barrier_var(len);
+		if (len == 0 || len > AGGBOX_KV_KEY)
+			goto spill;
+		if (aggbox_kv_load(w->ctx, is_skb, s->off + AGGBOX_KV_PAIR, s->key.bytes, len))
+			goto spill;
+		if (aggbox_kv_fold_pair(table, &s->key, value, s->dtype, s->op))
+			goto spill;
+	}
+	s->off += AGGBOX_KV_PAIR + len;
+	s->i++;
+	return 0;
+spill:
+	s->spill = 1;
+	return 1;
+}
+
+static long aggbox_xdp_kv_pair(__u32 i, void *walk)
+{
+	return aggbox_kv_fold_next(walk, 0);
+}
+
+static long aggbox_tc_kv_pair(__u32 i, void *walk)
+{
+	return aggbox_kv_fold_next(walk, 1);
+}
+
+/* What the kernel does with a KV_DATA (aggbox_kv_data). */
+enum aggbox_kv_verdict {
+	AGGBOX_KV_TO_USER, /* up to the process unchanged */
+	AGGBOX_KV_DROP, /* held off or being folded elsewhere: it comes again */
+	AGGBOX_KV_ACK, /* folded (now or before): answer it with its KV_ACK */
+	AGGBOX_KV_SPILL, /* up flagged KV_SPILL, `folded` pairs folded */
+};
+
+/* What the verdict needs besides the packet. */
+struct aggbox_kv_out {
+	__u32 payload_len; /* the batch's pairs, bytes */
+	__u32 rank; /* the sender of the ack */
+	__u32 key_max;
+	__u32 folded; /* pairs folded of a spilled batch */
+};
+
+/*
+ * A KV_DATA of a group served here, the same for XDP and TC: answer a
+ * repeat, fold a new batch of the armed operation, else leave it to the
+ * process. Counts what it decided.
+ */
+static __always_inline enum aggbox_kv_verdict aggbox_kv_data(void *ctx, const int is_skb, struct aggbox_pkt *pkt,
+							     struct aggbox_kv_out *out)
+{
+	struct aggbox_hdr *hdr = pkt->hdr;
+	struct aggbox_kv_scratch *s;
+	struct aggbox_kvcount *count;
+	struct aggbox_kv_walk walk;
+	struct aggbox_kvctl *kc;
+	struct aggbox_kvwin *win;
+	__u32 ctl_idx = pkt->ctl, zero = 0, win_idx, b = hdr->chunk, cb, st;
+	__u64 cur, *slot;
+	long loops;
+
+	if (pkt->ip->ihl != 5 || (hdr->flags & AGGBOX_FLAG_KV_SPILL) || hdr->sender >= AGGBOX_MAX_RANKS)
+		goto to_user;
+	kc = bpf_map_lookup_elem(&ab_kvctl, &ctl_idx);
+	if (!kc)
+		goto to_user;
+	if (kc->group != hdr->group || kc->group == 0) {
+		/* The port is this group's (aggbox_classify checked), so its
+		 * process has not opened key-value reduce here yet: hold the
+		 * batch off unacknowledged; it comes again. */
+		aggbox_kvcount_stat(AGGBOX_KVSTAT_HELD);
+		return AGGBOX_KV_DROP;
+	}
+	if (kc->seq != 0 && hdr->seq == kc->seq &&
+	    (hdr->dtype != kc->dtype || hdr->op != kc->op || hdr->nchunks != kc->key_max))
+		goto to_user; /* the process fails the call as mismatched */
+	out->payload_len = bpf_ntohs(pkt->udp->len) - sizeof(struct udphdr) - sizeof(*hdr);
+	out->rank = kc->rank;
+	out->key_max = kc->key_max;
+	out->folded = 0;
+	win_idx = ctl_idx * AGGBOX_MAX_RANKS + hdr->sender;
+	win = bpf_map_lookup_elem(&ab_kvwin, &win_idx);
+	if (!win)
+		goto to_user;
+	slot = &win->slot[b & (AGGBOX_KV_WINDOW - 1)];
+	cur = *(volatile __u64 *)slot;
+	cb = cur >> 32;
+	st = (__u32)cur;
+	if (cur != 0 && cb == b) {
+		if (st == AGGBOX_KV_DONE) {
+			aggbox_kvcount_stat(AGGBOX_KVSTAT_DUPLICATES);
+			return AGGBOX_KV_ACK;
 		}
-		s->off += AGGBOX_KV_PAIR + len;
-		s->i++;
+		if (st == AGGBOX_KV_BUSY)
+			return AGGBOX_KV_DROP; /* another CPU folds it; it comes again */
+		out->folded = st - AGGBOX_KV_SPILLED;
+		return AGGBOX_KV_SPILL;
 	}
-	if (s->i < s->count) {
-		bpf_tail_call(ctx, &ab_kvprogs, array ? AGGBOX_KVPROG_FOLD_ARRAY : AGGBOX_KVPROG_FOLD);
+	if (cur != 0 && (__s32)(b - cb) < 0) {
+		/* Older than the batch that took its slot: that one was sent
+		 * only after this one was acknowledged, so it was counted. */
+		aggbox_kvcount_stat(AGGBOX_KVSTAT_DUPLICATES);
+		return AGGBOX_KV_ACK;
+	}
+	if (kc->seq == 0 || hdr->seq != kc->seq) {
+		/* A new batch of an operation not armed here (yet): its
+		 * mapper began first. Held off unacknowledged, the window
+		 * untouched; the mapper sends it again and, armed by then,
+		 * the kernel folds it. */
+		aggbox_kvcount_stat(AGGBOX_KVSTAT_HELD);
+		return AGGBOX_KV_DROP;
+	}
+	if (__sync_val_compare_and_swap(slot, cur, ((__u64)b << 32) | AGGBOX_KV_BUSY) != cur)
+		return AGGBOX_KV_DROP; /* claimed meanwhile by another CPU */
+	s = bpf_map_lookup_elem(&ab_kvscratch, &zero);
+	if (!s || !kc->fold) {
+		/* No scratch (cannot happen), or f64 SUM: every pair spills. */
+		*(volatile __u64 *)slot = ((__u64)b << 32) | AGGBOX_KV_SPILLED;
+		return AGGBOX_KV_SPILL;
+	}
+	s->ctl = ctl_idx;
+	s->win = win_idx;
+	s->batch = b;
+	s->off = AGGBOX_OFF_PAYLOAD;
+	s->end = AGGBOX_OFF_PAYLOAD + out->payload_len;
+	s->i = 0;
+	s->count = hdr->count;
+	s->key_max = kc->key_max;
+	s->dtype = kc->dtype;
+	s->op = kc->op;
+	s->table = kc->table;
+	s->spill = 0;
+	s->mask = kc->mask;
+	walk.ctx = ctx;
+	walk.s = s;
+	/* At most one pair per AGGBOX_KV_PAIR + 1 bytes: a count beyond that
+	 * is malformed, and stops at the first pair past the end. */
+	loops = bpf_loop(s->count < out->payload_len ? s->count : out->payload_len,
+			 is_skb ? aggbox_tc_kv_pair : aggbox_xdp_kv_pair, &walk, 0);
+	if (loops < 0)
 		aggbox_kvcount_stat(AGGBOX_KVSTAT_ERRORS);
-		goto spill;
+	/* pkt's pointers are invalid from here on. */
+	count = bpf_map_lookup_elem(&ab_kvcount, &win_idx);
+	if (loops < 0 || s->spill || s->i < s->count || s->off != s->end) {
+		/* A pair it could not fold, or bytes after the last pair (user
+		 * space says so): the process folds the rest. */
+		if (count && s->i)
+			__sync_fetch_and_add(&count->pairs, s->i);
+		aggbox_kvcount_pairs(s->i);
+		out->folded = s->i;
+		*(volatile __u64 *)slot = ((__u64)b << 32) | (AGGBOX_KV_SPILLED + s->i);
+		return AGGBOX_KV_SPILL;
 	}
-	if (s->off != s->end)
-		goto spill; /* bytes after the last pair: user space says so */
-	count = bpf_map_lookup_elem(&ab_kvcount, &s->win);
 	if (count) {
 		__sync_fetch_and_add(&count->pairs, s->i);
 		__sync_fetch_and_add(&count->batches, 1);
 	}
 	aggbox_kvcount_pairs(s->i);
 	aggbox_kvcount_stat(AGGBOX_KVSTAT_BATCHES);
-	*(volatile __u64 *)slot = ((__u64)s->batch << 32) | AGGBOX_KV_DONE;
-	kc = bpf_map_lookup_elem(&ab_kvctl, &s->ctl);
-	rank = kc ? kc->rank : 0;
-	return aggbox_xdp_kv_ack(ctx, s->end - AGGBOX_OFF_PAYLOAD, rank);
+	*(volatile __u64 *)slot = ((__u64)b << 32) | AGGBOX_KV_DONE;
+	return AGGBOX_KV_ACK;
 
-spill:
-	count = bpf_map_lookup_elem(&ab_kvcount, &s->win);
-	if (count && s->i)
-		__sync_fetch_and_add(&count->pairs, s->i);
-	aggbox_kvcount_pairs(s->i);
-	*(volatile __u64 *)slot = ((__u64)s->batch << 32) | (AGGBOX_KV_SPILLED + s->i);
-	return aggbox_xdp_kv_spill(ctx, s->key_max, s->i);
+to_user:
+	aggbox_kvcount_stat(AGGBOX_KVSTAT_TO_USER);
+	return AGGBOX_KV_TO_USER;
+}
+
+/* Writes the KV_ACK fields over a batch's header (already cut to it). */
+static __always_inline void aggbox_kv_make_ack(struct aggbox_hdr *hdr, __u32 rank)
+{
+	hdr->kind = AGGBOX_KIND_KV_ACK;
+	hdr->sender = rank;
+	hdr->flags = 0;
+	hdr->count = 0;
+}
+
+/* Flags a batch's header KV_SPILL with `folded` pairs folded. */
+static __always_inline void aggbox_kv_mark_spill(struct aggbox_hdr *hdr, __u32 key_max, __u32 folded)
+{
+	hdr->flags |= AGGBOX_FLAG_KV_SPILL;
+	hdr->nchunks = (key_max & 0xffff) | (folded << 16);
+	aggbox_kvcount_stat(AGGBOX_KVSTAT_SPILLED);
+}
+
+/* XDP ingress, a KV_DATA of a communicator with a control slot. */
+static __always_inline int aggbox_xdp_kv_data(struct xdp_md *ctx, struct aggbox_pkt *pkt)
+{
+	struct aggbox_kv_out out = {};
+	struct aggbox_hdr *hdr;
+	void *data, *data_end;
+
+	switch (aggbox_kv_data(ctx, 0, pkt, &out)) {
+	case AGGBOX_KV_DROP:
+		return XDP_DROP;
+	case AGGBOX_KV_ACK:
+		hdr = aggbox_xdp_strip(ctx, out.payload_len);
+		if (!hdr)
+			return XDP_DROP;
+		aggbox_kv_make_ack(hdr, out.rank);
+		return aggbox_xdp_bounce(ctx);
+	case AGGBOX_KV_SPILL:
+		data = (void *)(long)ctx->data;
+		data_end = (void *)(long)ctx->data_end;
+		hdr = data + AGGBOX_OFF_UDP + sizeof(struct udphdr);
+		if ((void *)(hdr + 1) > data_end)
+			return XDP_DROP;
+		/* The UDP checksum covers the header: none from here on. */
+		((struct udphdr *)(data + AGGBOX_OFF_UDP))->check = 0;
+		aggbox_kv_mark_spill(hdr, out.key_max, out.folded);
+		return XDP_PASS;
+	case AGGBOX_KV_TO_USER:
+	default:
+		return XDP_PASS;
+	}
+}
+
+/* TC ingress on the TC hooks, the same for one datagram: the ack goes back
+ * out of the interface from here (bpf_redirect). A GSO super-packet of
+ * batches goes up whole: the process folds it. */
+static __always_inline int aggbox_tc_kv_data(struct __sk_buff *skb, struct aggbox_pkt *pkt)
+{
+	struct aggbox_kv_out out = {};
+	struct aggbox_hdr *hdr;
+	void *data, *data_end;
+
+	if (skb->gso_segs > 1) {
+		aggbox_kvcount_stat(AGGBOX_KVSTAT_TO_USER);
+		return TC_ACT_OK;
+	}
+	switch (aggbox_kv_data(skb, 1, pkt, &out)) {
+	case AGGBOX_KV_DROP:
+		return TC_ACT_SHOT;
+	case AGGBOX_KV_ACK:
+		hdr = aggbox_tc_strip(skb);
+		if (!hdr)
+			return TC_ACT_SHOT; /* a loss: the mapper sends it again */
+		aggbox_kv_make_ack(hdr, out.rank);
+		if (aggbox_tc_swap(skb))
+			return TC_ACT_SHOT;
+		return bpf_redirect(skb->ifindex, 0);
+	case AGGBOX_KV_SPILL:
+		data = aggbox_skb_data(skb);
+		data_end = aggbox_skb_data_end(skb);
+		hdr = data + AGGBOX_OFF_UDP + sizeof(struct udphdr);
+		if ((void *)(hdr + 1) > data_end)
+			return TC_ACT_SHOT;
+		((struct udphdr *)(data + AGGBOX_OFF_UDP))->check = 0;
+		aggbox_kv_mark_spill(hdr, out.key_max, out.folded);
+		return TC_ACT_OK;
+	case AGGBOX_KV_TO_USER:
+	default:
+		return TC_ACT_OK;
+	}
 }
 
 #endif /* AGGBOX_KV_H */

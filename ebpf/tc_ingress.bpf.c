@@ -11,9 +11,9 @@
  * super-chunks in the receive windows and answers them from here
  * (aggbox_tc_bcast_data), folds ACKs at the root
  * (aggbox_bcast_fold_ack), folds reduction contributions at their owner
- * and places results at the members (aggbox_tc_reduce.h), and folds
- * agreement values and answers ranks that lag (aggbox_agree.h); key-value
- * reduce runs in user space.
+ * and places results at the members (aggbox_tc_reduce.h), folds
+ * agreement values and answers ranks that lag (aggbox_agree.h), and folds
+ * key-value batches into the owner's kernel table (aggbox_kv.h).
  */
 /* Claims, placements and folds use atomic fetch-and-add/or and
  * compare-and-swap: build.rs compiles this for BPF v3. */
@@ -22,6 +22,7 @@
 #define AGGBOX_RED_LOCK 1
 #include "aggbox_tc_reduce.h"
 #include "aggbox_agree.h"
+#include "aggbox_kv.h"
 
 /* Set by the loader: 1 on the TC hooks (no XDP program on the interface). */
 volatile const __u32 aggbox_tc_hooks = 0;
@@ -64,6 +65,8 @@ int aggbox_tc_ingress(struct __sk_buff *skb)
 				return aggbox_tc_red_result(skb, &pkt);
 			if (pkt.hdr->kind == AGGBOX_KIND_AGREE_VALUE)
 				return aggbox_tc_agree_value(skb, &pkt);
+			if (pkt.hdr->kind == AGGBOX_KIND_KV_DATA)
+				return aggbox_tc_kv_data(skb, &pkt);
 			/* A GSO skb of ACKs is left whole to user space: the fold
 			 * reads one header. */
 			if (pkt.hdr->kind == AGGBOX_KIND_BCAST_ACK && skb->gso_segs <= 1)

@@ -6,7 +6,7 @@
  * at the root (aggbox_bcast.h), folds reduction contributions at a chunk's
  * owner and places results at the members (aggbox_reduce.h, with its
  * tail-called fold stage below), folds key-value pairs into an owner's
- * kernel table (aggbox_kv.h, likewise), folds the values of an approximate
+ * kernel table (aggbox_kv.h), folds the values of an approximate
  * agreement's phase and answers ranks that lag (aggbox_agree.h), and passes
  * everything else up.
  */
@@ -71,20 +71,6 @@ SEC("xdp")
 int aggbox_xdp_red_fold(struct xdp_md *ctx)
 {
 	return aggbox_xdp_red_fold_stage(ctx);
-}
-
-/* Key-value reduce's fold stage, reached only by tail call (ab_kvprogs). */
-SEC("xdp")
-int aggbox_xdp_kv_fold(struct xdp_md *ctx)
-{
-	return aggbox_xdp_kv_fold_stage(ctx, 0);
-}
-
-/* The same, into an open-addressing array table (ab_kvprogs[1]). */
-SEC("xdp")
-int aggbox_xdp_kv_fold_array(struct xdp_md *ctx)
-{
-	return aggbox_xdp_kv_fold_stage(ctx, 1);
 }
 
 char LICENSE[] SEC("license") = "Dual BSD/GPL";

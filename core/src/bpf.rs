@@ -8,11 +8,6 @@ pub mod programs {
     pub const XDP_INGRESS: &str = "aggbox_xdp_ingress";
     /// In [`super::XDP_INGRESS`]: the reduction fold stage, tail-called.
     pub const XDP_RED_FOLD: &str = "aggbox_xdp_red_fold";
-    /// In [`super::XDP_INGRESS`]: key-value reduce's fold stage, tail-called.
-    pub const XDP_KV_FOLD: &str = "aggbox_xdp_kv_fold";
-    /// In [`super::XDP_INGRESS`]: the same into an open-addressing array
-    /// table, tail-called.
-    pub const XDP_KV_FOLD_ARRAY: &str = "aggbox_xdp_kv_fold_array";
     /// In [`super::TC_INGRESS`].
     pub const TC_INGRESS: &str = "aggbox_tc_ingress";
     /// In [`super::TC_EGRESS`].

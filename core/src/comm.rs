@@ -160,9 +160,9 @@ impl Comm {
                 Ok(attachment) => {
                     let hooks = attachment.hooks();
                     let what = if hooks.has_xdp() {
-                        "every collective has its kernel half"
+                        "every collective has its kernel half, XDP first"
                     } else {
-                        "broadcast in the kernel, the other collectives in user space"
+                        "every collective has its kernel half, TC first"
                     };
                     let reason = format!(
                         "the kernel datapath on {}, {} hooks ({}): {what}",

@@ -253,7 +253,7 @@ pub fn fold_cost(batches: &[PackedBatch]) -> Result<FoldCost> {
     const GROUP: u32 = 0x0a0b_0c0e;
     const TOKEN: u64 = 0x0fed_cba9_8765_4321;
     let (obj, _maps, [kvctl, kvtabs, kvarrs]) =
-        super::test_owner("kvfold", GROUP, TOKEN, [names::KVCTL, names::KVTABS, names::KVARRS])?;
+        super::test_owner("kvfold", GROUP, TOKEN, [names::KVCTL, names::KVTABS, names::KVARRS], false)?;
     let program = obj
         .program(bpf::programs::XDP_INGRESS)
         .and_then(|p| p.fd().ok())

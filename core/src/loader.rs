@@ -101,8 +101,8 @@ pub enum Hooks {
     /// XDP ingress (in this mode) with TC ingress and egress: every
     /// collective's kernel half.
     Xdp(XdpAttachMode),
-    /// TC ingress and egress only: broadcast in the kernel, the other
-    /// collectives in user space.
+    /// TC ingress and egress only: every collective's kernel half, TC
+    /// ingress first.
     Tc,
 }
 
@@ -116,8 +116,8 @@ impl Hooks {
         }
     }
 
-    /// Whether XDP ingress is attached (reductions, key-value reduce and
-    /// agreement have a kernel half only then).
+    /// Whether XDP ingress is attached (and is the first program a datagram
+    /// meets).
     pub fn has_xdp(self) -> bool {
         matches!(self, Hooks::Xdp(_))
     }
@@ -535,9 +535,8 @@ fn program_error(what: String) -> impl FnOnce(aya::programs::ProgramError) -> Er
     move |e| Error::Unsupported(format!("{what}: {}", chain(&e)))
 }
 
-/// Loads the XDP object's programs: XDP ingress, and the reduction and
-/// key-value fold stages it tail-calls, which it puts in `ab_redprogs` and
-/// `ab_kvprogs`. Returns XDP
+/// Loads the XDP object's programs: XDP ingress, and the reduction fold
+/// stage it tail-calls, which it puts in `ab_redprogs`. Returns XDP
 /// ingress, ready to attach (or to test-run).
 pub(crate) fn load_xdp(obj: &mut aya::Ebpf) -> Result<&mut Xdp> {
     let fold: &mut Xdp = obj
@@ -553,23 +552,6 @@ pub(crate) fn load_xdp(obj: &mut aya::Ebpf) -> Result<&mut Xdp> {
     let map = obj.map_mut(names::REDPROGS).ok_or_else(|| Error::Internal("ab_redprogs missing".into()))?;
     let mut progs = ProgramArray::try_from(map).map_err(|e| Error::Internal(format!("ab_redprogs: {e}")))?;
     progs.set(0, &fd, 0).map_err(map_error("putting the fold stage in ab_redprogs"))?;
-    // The key-value fold stages: into a hash map (ab_kvprogs[0]) and into
-    // an open-addressing array (ab_kvprogs[1]).
-    for (index, name) in [(0, bpf::programs::XDP_KV_FOLD), (1, bpf::programs::XDP_KV_FOLD_ARRAY)] {
-        let kv_fold: &mut Xdp = obj
-            .program_mut(name)
-            .ok_or_else(|| Error::Internal(format!("the key-value fold stage {name} is missing from the XDP object")))?
-            .try_into()
-            .map_err(program_error(format!("the key-value fold stage {name}")))?;
-        kv_fold.load().map_err(program_error(format!("loading the key-value fold stage {name}")))?;
-        let fd = kv_fold
-            .fd()
-            .and_then(|fd| fd.try_clone().map_err(aya::programs::ProgramError::from))
-            .map_err(program_error(format!("the key-value fold stage {name}'s fd")))?;
-        let map = obj.map_mut(names::KVPROGS).ok_or_else(|| Error::Internal("ab_kvprogs missing".into()))?;
-        let mut progs = ProgramArray::try_from(map).map_err(|e| Error::Internal(format!("ab_kvprogs: {e}")))?;
-        progs.set(index, &fd, 0).map_err(map_error(format!("putting the key-value fold stage {name} in ab_kvprogs")))?;
-    }
     let xdp: &mut Xdp = obj
         .program_mut(bpf::programs::XDP_INGRESS)
         .ok_or_else(|| Error::Internal("XDP program missing from its object".into()))?

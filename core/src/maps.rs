@@ -38,20 +38,18 @@ pub mod names {
     pub const KVCTL: &str = "ab_kvctl";
     /// Key-value reduce: each (communicator, mapper)'s window of batch numbers.
     pub const KVWIN: &str = "ab_kvwin";
-    /// Key-value reduce: what XDP counted per (communicator, mapper).
+    /// Key-value reduce: what the kernel counted per (communicator, mapper).
     pub const KVCOUNT: &str = "ab_kvcount";
     /// Per-CPU key-value counters.
     pub const KVSTATS: &str = "ab_kvstats";
-    /// Key-value reduce's fold stage, for tail calls.
-    pub const KVPROGS: &str = "ab_kvprogs";
     /// Approximate agreement: each communicator's phase fold (mmapable).
     pub const AGREE: &str = "ab_agree";
     /// Per-CPU agreement counters.
     pub const ASTATS: &str = "ab_astats";
     /// Every pinned map.
-    pub const ALL: [&str; 22] = [
+    pub const ALL: [&str; 21] = [
         PORTS, GROUPS, MEMBERS, USERS, STATS, BSTATS, CTL, RXWIN, TXWIN, REDWIN, RSTATS, REDPROGS, REDRES, KVTABS,
-        KVCTL, KVWIN, KVCOUNT, KVSTATS, KVPROGS, KVARRS, AGREE, ASTATS,
+        KVCTL, KVWIN, KVCOUNT, KVSTATS, KVARRS, AGREE, ASTATS,
     ];
 }
 

@@ -55,6 +55,8 @@ struct SendBatch {
     headers: [[u8; HDR_LEN]; BATCH],
     payloads: [(usize, usize); BATCH],
     dests: [libc::sockaddr_in; BATCH],
+    /// Whether each datagram must leave alone, never in a super-packet.
+    alone: [bool; BATCH],
     iov: [[libc::iovec; 2]; BATCH],
     msgs: [libc::mmsghdr; BATCH],
     /// The `UDP_SEGMENT` control message of each super-packet message.
@@ -330,6 +332,7 @@ impl Transport {
             headers: [[0; HDR_LEN]; BATCH],
             payloads: [(0, 0); BATCH],
             dests: zeroed(),
+            alone: [false; BATCH],
             iov: zeroed(),
             msgs: zeroed(),
             cmsgs: [SegmentCmsg { bytes: [0; SEGMENT_CMSG_SPACE] }; BATCH],
@@ -458,11 +461,23 @@ impl Transport {
     ///
     /// If the batch is already full (a bug of the caller).
     pub fn queue(&mut self, header: &Header, payload: Range<usize>, to: SocketAddrV4) -> bool {
+        self.queue_as(header, payload, to, false)
+    }
+
+    /// As [`Transport::queue`], for a datagram that leaves alone, never as
+    /// a segment of a super-packet (a receiver whose kernel takes such
+    /// datagrams one at a time).
+    pub fn queue_alone(&mut self, header: &Header, payload: Range<usize>, to: SocketAddrV4) -> bool {
+        self.queue_as(header, payload, to, true)
+    }
+
+    fn queue_as(&mut self, header: &Header, payload: Range<usize>, to: SocketAddrV4, alone: bool) -> bool {
         let tx = &mut *self.tx;
         assert!(tx.len < BATCH, "send batch overflow: flush when queue() says it is full");
         header.write_to(&mut tx.headers[tx.len]);
         tx.payloads[tx.len] = (payload.start, payload.end);
         tx.dests[tx.len] = sockaddr_from(to);
+        tx.alone[tx.len] = alone;
         tx.len += 1;
         tx.len == BATCH
     }
@@ -542,6 +557,7 @@ impl Transport {
         tx.headers.copy_within(done..count, 0);
         tx.payloads.copy_within(done..count, 0);
         tx.dests.copy_within(done..count, 0);
+        tx.alone.copy_within(done..count, 0);
         tx.len = count - done;
     }
 
@@ -559,6 +575,8 @@ impl Transport {
         let chunk = |h: &[u8; HDR_LEN]| u32::from_le_bytes(h[CHUNK].try_into().expect("4 bytes"));
         let (da, db) = (&tx.dests[first], &tx.dests[k]);
         end > start
+            && !tx.alone[first]
+            && !tx.alone[k]
             && len <= size
             && bytes + len <= GSO_MAX_BYTES
             && k - first < GSO_MAX_SEGMENTS
@@ -852,6 +870,18 @@ mod tests {
         assert_eq!(drain(&mut c, 1), vec![(5, source[500..600].to_vec())]);
         // Runs: 0..=3, then 11..=12; the rest alone.
         assert_eq!(a.gso_sends(), (2, 6));
+        // Queued to leave alone: a run in every other respect, sent as
+        // single datagrams.
+        header.flags = 0;
+        for chunk in 13..16u32 {
+            header.chunk = chunk;
+            let at = chunk as usize * 100;
+            a.queue_alone(&header, at..at + 100, b.local_addr());
+        }
+        assert_eq!(a.flush(&source).unwrap(), 3);
+        let want: Vec<(u32, Vec<u8>)> = (13..16u32).map(|c| (c, source[c as usize * 100..c as usize * 100 + 100].to_vec())).collect();
+        assert_eq!(drain(&mut b, 3), want);
+        assert_eq!(a.gso_sends(), (2, 6), "no super-packet more");
     }
 
     /// A full batch of 1472-byte datagrams to one destination: super-packets

@@ -32,7 +32,7 @@ fn reference(files: &[std::path::PathBuf]) -> HashMap<String, u64> {
 #[test]
 fn the_c_word_count_equals_a_plain_count_on_user_and_mixed_datapaths() {
     let _serial = serial();
-    let cluster = Cluster::temporary(HOSTS).unwrap();
+    let cluster = Cluster::temporary_plain(HOSTS, 1500).unwrap();
     let program = c_example("wordcount");
     let files = license_texts();
     let want = reference(&files);

@@ -1,16 +1,17 @@
-//! Key-value reduce across processes in an 8-host virtual cluster (MTU
-//! 1500): a word count over Debian's license and copyright texts, Zipf
+//! Key-value reduce across processes in an 8-host virtual cluster on a
+//! plain bridge (MTU 1500; the kernel datapath on the TC hooks): a word count over Debian's license and copyright texts, Zipf
 //! pairs with SUM, MIN and MAX of i64, u64 and f64, injected loss,
 //! duplication and reordering, a rank killed mid-operation, mismatched
-//! configurations, XDP folding every pair that crosses the network, a
+//! configurations, the kernel folding every pair that crosses the network, a
 //! kernel table smaller than the keys. Every rank writes the pairs it owns
 //! (`aggbox-kv-rank`); the test checks that every key is at its owner and
 //! that every value is exactly what a plain single-process loop over all
 //! the input gives.
 //!
-//! On the kernel datapath the owners' XDP folds the pairs into kernel
-//! tables (docs/KV.md); every test counts that each pair was folded exactly
-//! once: by its mapper, an owner's process, an owner's XDP, or spilled.
+//! On the kernel datapath the owners' first program (TC ingress here; XDP
+//! below stands for it too) folds the pairs into kernel tables
+//! (docs/KV.md); every test counts that each pair was folded exactly once:
+//! by its mapper, an owner's process, an owner's kernel, or spilled.
 //! `AGGBOX_KV_PAIRS` makes the Zipf runs smaller than the 10 M of issue 5.
 //!
 //! The tests run one at a time (they share two cores): each holds `serial()`.
@@ -194,7 +195,7 @@ fn zipf_args(pairs: usize, distinct: usize, seed: u64, dtype: &str, op: &str) ->
 #[test]
 fn word_count_of_debian_texts_on_8_ranks_equals_a_plain_count() {
     let _serial = serial();
-    let cluster = Cluster::temporary(HOSTS).unwrap();
+    let cluster = Cluster::temporary_plain(HOSTS, 1500).unwrap();
     let files = license_texts();
     assert!(files.len() >= 20, "too few texts: {files:?}");
     let scratch = Scratch::new("words");
@@ -215,7 +216,7 @@ fn word_count_of_debian_texts_on_8_ranks_equals_a_plain_count() {
 #[test]
 fn zipf_pairs_sum_min_max_on_each_datapath_equal_a_plain_loop() {
     let _serial = serial();
-    let cluster = Cluster::temporary(HOSTS).unwrap();
+    let cluster = Cluster::temporary_plain(HOSTS, 1500).unwrap();
     let pairs: usize = std::env::var("AGGBOX_KV_PAIRS").ok().and_then(|v| v.parse().ok()).unwrap_or(10_000_000);
     // (distinct, dtype, op, datapaths, combine on the mappers)
     let cases: [(usize, &str, &str, DatapathOf, bool); 6] = [
@@ -251,7 +252,7 @@ fn zipf_pairs_sum_min_max_on_each_datapath_equal_a_plain_loop() {
 #[test]
 fn loss_duplication_and_reordering_change_no_count() {
     let _serial = serial();
-    let mut cluster = Cluster::temporary(HOSTS).unwrap();
+    let mut cluster = Cluster::temporary_plain(HOSTS, 1500).unwrap();
     cluster.inject_faults(FaultSpec::percent(10.0, 2.0).reorder(5.0)).unwrap();
     let (pairs, distinct) = (1_000_000, 100_000);
     for (k, datapath_of) in [user as DatapathOf, kernel, mixed].into_iter().enumerate() {
@@ -278,7 +279,7 @@ fn loss_duplication_and_reordering_change_no_count() {
 #[test]
 fn a_rank_killed_mid_operation_is_named_by_every_survivor() {
     let _serial = serial();
-    let cluster = Cluster::temporary(HOSTS).unwrap();
+    let cluster = Cluster::temporary_plain(HOSTS, 1500).unwrap();
     let scratch = Scratch::new("kill");
     // Long enough for the kernel ranks to load and attach the programs
     // while the others wait at rendezvous.
@@ -297,7 +298,7 @@ fn a_rank_killed_mid_operation_is_named_by_every_survivor() {
 #[test]
 fn mismatched_value_types_fail_every_rank() {
     let _serial = serial();
-    let cluster = Cluster::temporary(HOSTS).unwrap();
+    let cluster = Cluster::temporary_plain(HOSTS, 1500).unwrap();
     let scratch = Scratch::new("mismatch");
     let args = zipf_args(100_000, 1000, 5, "i64", "sum").into_iter().chain(["--mismatch-at".to_string(), "3".into()]).collect::<Vec<_>>();
     let start = Instant::now();
@@ -318,9 +319,9 @@ fn mismatched_value_types_fail_every_rank() {
 /// owner's socket: one that comes before its owner armed the operation is
 /// held off by XDP (dropped unacknowledged), sent again, then folded by XDP.
 #[test]
-fn on_the_kernel_datapath_xdp_folds_every_pair_that_crosses_the_network() {
+fn on_the_kernel_datapath_the_kernel_folds_every_pair_that_crosses_the_network() {
     let _serial = serial();
-    let cluster = Cluster::temporary(HOSTS).unwrap();
+    let cluster = Cluster::temporary_plain(HOSTS, 1500).unwrap();
     let files = license_texts();
     let scratch = Scratch::new("xdp");
     let list = scratch.0.join("files");
@@ -355,7 +356,7 @@ fn on_the_kernel_datapath_xdp_folds_every_pair_that_crosses_the_network() {
 #[test]
 fn a_kernel_table_smaller_than_the_distinct_keys_spills_and_stays_exact() {
     let _serial = serial();
-    let cluster = Cluster::temporary(HOSTS).unwrap();
+    let cluster = Cluster::temporary_plain(HOSTS, 1500).unwrap();
     let (pairs, distinct) = (1_000_000, 100_000);
     for (k, dtype, op) in [(0, "i64", "sum"), (1, "f64", "min")] {
         let (dt, o) = if dtype == "i64" { (Dtype::I64, ReduceOp::Sum) } else { (Dtype::F64, ReduceOp::Min) };
