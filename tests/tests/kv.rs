@@ -340,11 +340,17 @@ fn on_the_kernel_datapath_the_kernel_folds_every_pair_that_crosses_the_network()
         assert_exact(&owned, &want, &format!("word count of keys up to 32 bytes, {what}"));
         let (local, kernel_folded) = (total(&reports, "local"), total(&reports, "folded_kernel"));
         assert_eq!(total(&reports, "folded_user"), 0, "{what}: no owner's process folded a batch");
-        assert_eq!(total(&reports, "spilled"), 0, "{what}: nothing spilled");
-        assert_eq!(local + total(&reports, "combined") + kernel_folded, 3 * words, "{what}: every pair folded once: by its mapper (own keys, combined) or by its owner's XDP");
+        // A pair whose key's slot another CPU is filling at that moment
+        // spills (docs/KV.md, "Spill"): on the TC hooks the owner's fold
+        // runs in each sender's softirq, so two mappers on two CPUs meet
+        // in one table and a few pairs of millions spill (22 of 7.46 M in
+        // one loaded run). They must stay that rare.
+        let spilled = total(&reports, "spilled");
+        assert!(spilled * 10_000 <= kernel_folded, "{what}: {spilled} pairs spilled of {kernel_folded}");
+        assert_eq!(local + total(&reports, "combined") + kernel_folded + spilled, 3 * words, "{what}: every pair folded once: by its mapper (own keys, combined), by its owner's kernel, or spilled to its process");
         let (batches, unarmed) = (total(&reports, "batches"), total(&reports, "unarmed"));
         eprintln!("{what}: {batches} batches, {} retransmits; {unarmed} unspilled reached an owner's socket", total(&reports, "retransmits"));
-        // Nothing spilled, so no batch at all reached an owner's socket.
+        // No batch reached an owner's socket but spilled ones.
         assert_eq!(unarmed, 0, "{what}: of {batches} batches, {unarmed} unspilled reached an owner's socket");
     }
 }
