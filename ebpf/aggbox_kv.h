@@ -594,12 +594,20 @@ static __always_inline void aggbox_kv_make_ack(struct aggbox_hdr *hdr, __u32 ran
 	hdr->count = 0;
 }
 
-/* Flags a batch's header KV_SPILL with `folded` pairs folded. */
-static __always_inline void aggbox_kv_mark_spill(struct aggbox_hdr *hdr, __u32 key_max, __u32 folded)
+/* Flags the batch in [data, data_end) KV_SPILL with `folded` pairs folded
+ * (its UDP checksum, which covers the header, becomes none). Returns -1
+ * when the header is not within the packet. */
+static __always_inline int aggbox_kv_mark_spill(void *data, void *data_end, __u32 key_max, __u32 folded)
 {
+	struct aggbox_hdr *hdr = data + AGGBOX_OFF_UDP + sizeof(struct udphdr);
+
+	if ((void *)(hdr + 1) > data_end)
+		return -1;
+	((struct udphdr *)(data + AGGBOX_OFF_UDP))->check = 0;
 	hdr->flags |= AGGBOX_FLAG_KV_SPILL;
 	hdr->nchunks = (key_max & 0xffff) | (folded << 16);
 	aggbox_kvcount_stat(AGGBOX_KVSTAT_SPILLED);
+	return 0;
 }
 
 /* XDP ingress, a KV_DATA of a communicator with a control slot. */
@@ -607,7 +615,6 @@ static __always_inline int aggbox_xdp_kv_data(struct xdp_md *ctx, struct aggbox_
 {
 	struct aggbox_kv_out out = {};
 	struct aggbox_hdr *hdr;
-	void *data, *data_end;
 
 	switch (aggbox_kv_data(ctx, 0, pkt, &out)) {
 	case AGGBOX_KV_DROP:
@@ -619,14 +626,8 @@ static __always_inline int aggbox_xdp_kv_data(struct xdp_md *ctx, struct aggbox_
 		aggbox_kv_make_ack(hdr, out.rank);
 		return aggbox_xdp_bounce(ctx);
 	case AGGBOX_KV_SPILL:
-		data = (void *)(long)ctx->data;
-		data_end = (void *)(long)ctx->data_end;
-		hdr = data + AGGBOX_OFF_UDP + sizeof(struct udphdr);
-		if ((void *)(hdr + 1) > data_end)
+		if (aggbox_kv_mark_spill((void *)(long)ctx->data, (void *)(long)ctx->data_end, out.key_max, out.folded))
 			return XDP_DROP;
-		/* The UDP checksum covers the header: none from here on. */
-		((struct udphdr *)(data + AGGBOX_OFF_UDP))->check = 0;
-		aggbox_kv_mark_spill(hdr, out.key_max, out.folded);
 		return XDP_PASS;
 	case AGGBOX_KV_TO_USER:
 	default:
@@ -641,7 +642,6 @@ static __always_inline int aggbox_tc_kv_data(struct __sk_buff *skb, struct aggbo
 {
 	struct aggbox_kv_out out = {};
 	struct aggbox_hdr *hdr;
-	void *data, *data_end;
 
 	if (skb->gso_segs > 1) {
 		aggbox_kvcount_stat(AGGBOX_KVSTAT_TO_USER);
@@ -659,13 +659,8 @@ static __always_inline int aggbox_tc_kv_data(struct __sk_buff *skb, struct aggbo
 			return TC_ACT_SHOT;
 		return bpf_redirect(skb->ifindex, 0);
 	case AGGBOX_KV_SPILL:
-		data = aggbox_skb_data(skb);
-		data_end = aggbox_skb_data_end(skb);
-		hdr = data + AGGBOX_OFF_UDP + sizeof(struct udphdr);
-		if ((void *)(hdr + 1) > data_end)
+		if (aggbox_kv_mark_spill(aggbox_skb_data(skb), aggbox_skb_data_end(skb), out.key_max, out.folded))
 			return TC_ACT_SHOT;
-		((struct udphdr *)(data + AGGBOX_OFF_UDP))->check = 0;
-		aggbox_kv_mark_spill(hdr, out.key_max, out.folded);
 		return TC_ACT_OK;
 	case AGGBOX_KV_TO_USER:
 	default:
