@@ -164,6 +164,27 @@ struct aggbox_redctl {
 /* Reductions in flight at an owner: red[seq % 2], and that phase's slots. */
 #define AGGBOX_RED_PHASES 2
 
+/*
+ * The barrier at rank 0 (docs/BARRIER.md, "Kernel datapath";
+ * aggbox_barrier.h): TC ingress counts BARRIER_ARRIVEs of the open barrier
+ * and the one that completes it is sent to every member as its release.
+ * `state` is (open barrier seq << 32 | ranks arrived, rank 0 included),
+ * changed only by compare-and-swap, by TC and by the process alike: the
+ * swap that takes the count to `size` opens the next barrier in the same
+ * step. A rank's bit in bits[seq % 2] says it arrived at barrier seq (a
+ * repeat is dropped); it is set before the count and taken back when the
+ * count could not be taken.
+ */
+#define AGGBOX_BAR_ABORTED 0x80000000u /* in state's count: rank 0 gave up on the barrier */
+#define AGGBOX_BAR_TRIES 8 /* compare-and-swap attempts on state before an arrival is dropped (the rank repeats it) */
+
+struct aggbox_barctl {
+	__u64 state;
+	__u64 bits[2][AGGBOX_RANK_WORDS];
+	__u32 size; /* ranks in the group; 0: not armed, every BARRIER_ARRIVE goes up */
+	__u32 reserved;
+};
+
 struct aggbox_ctl {
 	struct aggbox_rxctl rx[AGGBOX_RX_PHASES];
 	/* Sending (root): armed by the process for broadcast tx_seq (0: none). */
@@ -174,6 +195,7 @@ struct aggbox_ctl {
 	__u32 tx_done; /* chunks held by every receiver (XDP adds) */
 	__u32 tx_reserved;
 	struct aggbox_redctl red[AGGBOX_RED_PHASES];
+	struct aggbox_barctl bar; /* armed at rank 0 only */
 };
 
 #define AGGBOX_CLAIM_OPEN 0 /* armed ahead: the first chunk sets the parameters */
@@ -318,7 +340,7 @@ struct {
 	__uint(pinning, LIBBPF_PIN_BY_NAME);
 } ab_redres SEC(".maps");
 
-/* Broadcast counters of the host: ab_bstats[stat], per CPU. */
+/* Broadcast and barrier counters of the host: ab_bstats[stat], per CPU. */
 enum aggbox_bstat {
 	AGGBOX_BSTAT_CLONED = 0, /* TC egress: copies of FANOUT chunks sent, the original included (size - 1 each) */
 	AGGBOX_BSTAT_PLACED = 1, /* XDP: chunks copied into a receive window */
@@ -332,7 +354,14 @@ enum aggbox_bstat {
 	AGGBOX_BSTAT_SUPERCHUNKS = 9, /* TC ingress: super-chunks (GSO skbs of several chunks) placed */
 	AGGBOX_BSTAT_SEGMENTS_REFUSED = 10, /* TC ingress: segments of a super-chunk dropped unplaced (resent by the root) */
 	AGGBOX_BSTAT_BAD_SEGMENTS = 11, /* TC ingress: super-chunks dropped: a segment disagrees with the first, or the stride with the chunk size */
-	AGGBOX_BSTAT_MAX = 12,
+	AGGBOX_BSTAT_BARRIER_FOLDED = 12, /* TC ingress: arrivals counted at rank 0 and dropped */
+	AGGBOX_BSTAT_BARRIER_RELEASED = 13, /* TC ingress: barriers completed, their releases sent to every member */
+	AGGBOX_BSTAT_BARRIER_ANSWERED = 14, /* TC ingress: repeated arrivals of the last barrier answered with its release */
+	AGGBOX_BSTAT_BARRIER_DUPLICATES = 15, /* TC ingress: repeated arrivals of the open barrier, dropped */
+	AGGBOX_BSTAT_BARRIER_TO_USER = 16, /* TC ingress: arrivals left to the process (not armed, aborted, another barrier) */
+	AGGBOX_BSTAT_BARRIER_CONTENDED = 17, /* TC ingress: arrivals dropped uncounted after AGGBOX_BAR_TRIES lost swaps */
+	AGGBOX_BSTAT_BARRIER_FORGED = 18, /* TC ingress: BARRIER_DONE from the wire (only TC makes them), dropped */
+	AGGBOX_BSTAT_MAX = 19,
 };
 
 struct {

@@ -40,7 +40,8 @@ enum aggbox_kind {
 	AGGBOX_KIND_RED_ABORT = 13, /* any -> any: "reduction `seq` failed: rank `count`" */
 	AGGBOX_KIND_RED_SUM = 14, /* XDP -> its own host's socket: "owned chunk `chunk` of `seq` is summed" */
 	AGGBOX_KIND_RED_LANDED = 15, /* XDP/TC -> its own host's socket: "`count` chunks of `seq` landed" */
-	AGGBOX_KIND_MAX = 16, /* first unused value */
+	AGGBOX_KIND_BARRIER_DONE = 16, /* TC -> rank 0's socket: "barrier `seq` is complete, its releases are out" */
+	AGGBOX_KIND_MAX = 17, /* first unused value */
 };
 
 /* Key-value reduce (docs/KV.md), a range of its own so the kinds above may
@@ -83,7 +84,8 @@ struct aggbox_agree_body {
 				     * RED_RESULT: XDP made it, TC ingress sends it to every member */
 #define AGGBOX_FLAG_GROUP 0x0004 /* BCAST_ACK: every receiver holds chunks [0, chunk) */
 #define AGGBOX_FLAG_MISMATCH 0x0008 /* BCAST_ABORT: the ranks' calls disagree */
-#define AGGBOX_FLAG_ANSWERED 0x0010 /* BCAST_LANDED: the kernel sent this chunk's ACK already */
+#define AGGBOX_FLAG_ANSWERED 0x0010 /* BCAST_LANDED: the kernel sent this chunk's ACK already;
+				       * BARRIER_DONE: it sent every member the release */
 #define AGGBOX_FLAG_NOTIFY 0x0020 /* RED_RESULT from XDP: after the fan-out, it goes up as RED_LANDED */
 #define AGGBOX_FLAG_ANSWER 0x0040 /* AGREE_VALUE: an answer to a rank that lags behind */
 #define AGGBOX_FLAG_RANGE 0x0080 /* BCAST_ACK: it acknowledges chunks [chunk, chunk + count) (a super-chunk) */

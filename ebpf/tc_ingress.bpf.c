@@ -13,7 +13,9 @@
  * (aggbox_bcast_fold_ack), folds reduction contributions at their owner
  * and places results at the members (aggbox_tc_reduce.h), folds
  * agreement values and answers ranks that lag (aggbox_agree.h), and folds
- * key-value batches into the owner's kernel table (aggbox_kv.h).
+ * key-value batches into the owner's kernel table (aggbox_kv.h). On both
+ * hooks it counts barrier arrivals at rank 0 and releases every member
+ * from here (aggbox_barrier.h).
  */
 /* Claims, placements and folds use atomic fetch-and-add/or and
  * compare-and-swap: build.rs compiles this for BPF v3. */
@@ -23,6 +25,7 @@
 #include "aggbox_tc_reduce.h"
 #include "aggbox_agree.h"
 #include "aggbox_kv.h"
+#include "aggbox_barrier.h"
 
 /* Set by the loader: 1 on the TC hooks (no XDP program on the interface). */
 volatile const __u32 aggbox_tc_hooks = 0;
@@ -42,6 +45,12 @@ int aggbox_tc_ingress(struct __sk_buff *skb)
 	case AGGBOX_INVALID:
 		return TC_ACT_SHOT;
 	case AGGBOX_VALID:
+		if (pkt.hdr->kind == AGGBOX_KIND_BARRIER_DONE) {
+			aggbox_bcount(AGGBOX_BSTAT_BARRIER_FORGED); /* only this program makes them, going up */
+			return TC_ACT_SHOT;
+		}
+		if (pkt.hdr->kind == AGGBOX_KIND_BARRIER_ARRIVE && pkt.ctl < AGGBOX_CTL_SLOTS)
+			return aggbox_tc_barrier_arrive(skb, &pkt);
 		if (aggbox_tc_hooks) {
 			if (pkt.hdr->kind == AGGBOX_KIND_BCAST_LANDED) {
 				aggbox_count(AGGBOX_PROG_TC_INGRESS, AGGBOX_STAT_DROP_BAD_KIND); /* only this program makes them, going up */

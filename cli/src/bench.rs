@@ -52,12 +52,9 @@ pub struct RunOpts {
 impl RunOpts {
     /// A cluster of `hosts` hosts at `mtu` for AggBox's ranks (named
     /// `<PREFIX>-agg`): a plain bridge, the network users have, where
-    /// AggBox puts its programs on the TC hooks; or, with `xdp_bridge`, a
-    /// bridge with a bare XDP program on every port, which the collectives
-    /// whose kernel half is XDP still need (the barrier, until it has a TC
-    /// half).
-    fn aggbox_cluster(&self, hosts: usize, mtu: u32, xdp_bridge: bool) -> Result<Cluster, String> {
-        self.cluster_named("agg", hosts, mtu, !xdp_bridge)
+    /// AggBox puts its programs on the TC hooks.
+    fn aggbox_cluster(&self, hosts: usize, mtu: u32) -> Result<Cluster, String> {
+        self.cluster_named("agg", hosts, mtu, true)
     }
 
     /// A plain cluster of `hosts` hosts at `mtu` (no program on any
@@ -904,7 +901,7 @@ fn barrier(hosts: usize, barriers: usize, faults: Option<FaultSpec>, mtu: u32, p
     let (started, cpu_before) = (std::time::Instant::now(), cpu_seconds());
     let mut aggbox = Vec::new();
     {
-        let mut cluster = opts.aggbox_cluster(hosts, mtu, true)?;
+        let mut cluster = opts.aggbox_cluster(hosts, mtu)?;
         run.networks.push(aggbox_network_of(&cluster));
         if let Some(faults) = faults {
             cluster.inject_faults(faults).map_err(|e| e.to_string())?;
@@ -1263,7 +1260,7 @@ pub fn broadcast(hosts: usize, mtu: u32, rounds: usize, peers: (bool, bool), opt
     let mut run = RunFile::new("broadcast", hosts, mtu);
     let (started, cpu_before) = (std::time::Instant::now(), cpu_seconds());
     let (kernel, user, floor) = {
-        let cluster = opts.aggbox_cluster(hosts, mtu, false)?;
+        let cluster = opts.aggbox_cluster(hosts, mtu)?;
         run.networks.push(aggbox_network_of(&cluster));
         let kernel = bcast_run(&cluster, "kernel", &sizes, rounds, 29_500)?;
         let user = bcast_run(&cluster, "user", &sizes, rounds, 29_501)?;
@@ -2301,7 +2298,7 @@ pub fn allreduce(hosts: usize, mtu: u32, rounds: usize, peers: (bool, bool), opt
     let started = std::time::Instant::now();
     let cpu_before = cpu_seconds();
     let (kernel, user, aggbox_time, floor, floor_drops, floor_time) = {
-        let cluster = opts.aggbox_cluster(hosts, mtu, false)?;
+        let cluster = opts.aggbox_cluster(hosts, mtu)?;
         run.networks.push(aggbox_network_of(&cluster));
         let kernel = allreduce_run(&cluster, "kernel", &counts, rounds, 29_510)?;
         let user = allreduce_run(&cluster, "user", &counts, rounds, 29_511)?;
@@ -2807,7 +2804,7 @@ fn train(spec: &TrainSpec, with_mpi: bool, opts: &RunOpts) -> Result<(), String>
     let program = TrainProgram::build()?;
     let args = spec.args();
     let (kernel, user) = {
-        let cluster = opts.aggbox_cluster(hosts, mtu, false)?;
+        let cluster = opts.aggbox_cluster(hosts, mtu)?;
         run.networks.push(aggbox_network_of(&cluster));
         let kernel = train_ranks(&cluster, &program.path, "kernel", &args, 29_530, spec.steps)?;
         let kernel = parse_train(&kernel, hosts, spec.steps, "AggBox kernel")?;

@@ -13,6 +13,15 @@
 //! A rank can be at most one barrier ahead of rank 0's view, so sequence
 //! numbers never need a window. Rank 0 keeps no per-rank timers at all.
 //!
+//! On the kernel datapath rank 0's TC ingress counts the arrivals instead
+//! (ebpf/aggbox_barrier.h, armed by `Comm::new`): the one that completes a
+//! barrier goes out as every member's release, and up to rank 0's process
+//! as one `BARRIER_DONE`, its only wake-up of the barrier. Rank 0 counts
+//! itself, and any arrival TC passed up, with the same atomics on the
+//! mapped block (`Windows::arrive`); when its own count completes the
+//! barrier it sends the releases. Members do not change: their release
+//! is a release.
+//!
 //! When rank 0 gives up on a barrier (a rank did not arrive in time, or
 //! closed its communicator instead), it sends `BARRIER_ABORT(seq, rank)` to
 //! every rank that arrived and answers later arrivals for that barrier the
@@ -21,7 +30,12 @@
 
 use std::time::Instant;
 
-use crate::{comm::Backoff, wire::Kind, Comm, Error, Result};
+use crate::{
+    comm::Backoff,
+    window::{Arrival, Windows},
+    wire::{Kind, FLAG_ANSWERED},
+    Comm, Error, Result,
+};
 
 impl Comm {
     /// Blocks until every rank has called `barrier`.
@@ -30,6 +44,8 @@ impl Comm {
         let seq = self.barrier_seq;
         let result = if self.size() == 1 {
             Ok(())
+        } else if self.rank() == 0 && self.barrier_windows().is_some() {
+            self.barrier_root_kernel(seq)
         } else if self.rank() == 0 {
             self.barrier_root(seq)
         } else {
@@ -100,6 +116,100 @@ impl Comm {
         }
         self.barrier_done = seq;
         Ok(())
+    }
+
+    /// Rank 0's kernel barrier windows, while the kernel counts arrivals.
+    pub(crate) fn barrier_windows(&self) -> Option<&Windows> {
+        self.attachment.as_ref().and_then(|a| a.windows()).filter(|w| self.rank() == 0 && w.barrier_armed())
+    }
+
+    /// Counts `rank`'s arrival at barrier `seq` in the kernel's block.
+    pub(crate) fn arrive(&self, seq: u32, rank: usize) -> Arrival {
+        self.barrier_windows().map_or(Arrival::NotOpen, |w| w.arrive(seq, rank))
+    }
+
+    /// Releases every other rank from barrier `seq` (one batch of sends).
+    pub(crate) fn release_all(&mut self, seq: u32) -> Result<()> {
+        for rank in 1..self.size() {
+            let header = self.header(Kind::BarrierRelease, seq);
+            self.queue_control(&header, rank)?;
+        }
+        self.flush_queued()
+    }
+
+    /// Rank 0 on the kernel datapath: counts itself, then waits for TC's
+    /// `BARRIER_DONE` (or completes the barrier itself).
+    fn barrier_root_kernel(&mut self, seq: u32) -> Result<()> {
+        let n = self.size();
+        let done = |comm: &mut Comm, release: bool| -> Result<()> {
+            if release {
+                comm.release_all(seq)?;
+            }
+            comm.barrier_done = seq;
+            Ok(())
+        };
+        match self.arrive(seq, 0) {
+            Arrival::Completed => return done(self, true),
+            Arrival::Counted => {}
+            other => {
+                // Only an abort closes the kernel's barrier, and an abort
+                // disarms it: the block and the process disagree.
+                let open = self.barrier_windows().map_or(0, |w| w.barrier_open());
+                return Err(Error::Internal(format!("barrier #{seq}: the kernel's barrier is #{open} ({other:?})")));
+            }
+        }
+        let deadline = self.deadline();
+        loop {
+            let arrived = |comm: &Comm, r: usize| comm.barrier_windows().is_some_and(|w| w.barrier_arrived(seq, r));
+            if let Some(gone) = (1..n).find(|&r| self.closed[r] && !arrived(self, r)) {
+                let what = format!("barrier #{seq}: rank {gone} closed its communicator without entering the barrier");
+                match self.abort_kernel_barrier(seq) {
+                    true => return Err(self.abort_barrier(seq, gone, &[gone], what)),
+                    false => return done(self, true),
+                }
+            }
+            let Some(got) = self.recv_valid(deadline)? else {
+                if !self.abort_kernel_barrier(seq) {
+                    // Completed meanwhile; its notice may have been lost
+                    // (the releases too): send them.
+                    return done(self, true);
+                }
+                let late: Vec<usize> = (0..n).filter(|&r| !self.heard[r]).collect();
+                let names: Vec<String> = late.iter().map(|r| r.to_string()).collect();
+                let what = format!(
+                    "barrier #{seq}: rank(s) {} did not arrive within {} ms",
+                    names.join(", "),
+                    self.timeout().as_millis()
+                );
+                return Err(self.abort_barrier(seq, late[0], &late, what));
+            };
+            match got.kind {
+                Kind::BarrierDone if got.header.seq == seq => return done(self, got.header.flags & FLAG_ANSWERED == 0),
+                Kind::BarrierDone => self.user_stats.duplicates += 1,
+                Kind::BarrierArrive if got.header.seq == seq => match self.arrive(seq, got.header.sender as usize) {
+                    Arrival::Completed => return done(self, true),
+                    Arrival::Repeat => self.user_stats.duplicates += 1,
+                    Arrival::Counted | Arrival::NotOpen => {}
+                },
+                _ => {
+                    self.serve_stale(&got)?;
+                }
+            }
+        }
+    }
+
+    /// Closes the kernel's barrier `seq` for good (later barriers run in
+    /// user space) and records who had arrived in `heard`. Returns false
+    /// when it completed first.
+    fn abort_kernel_barrier(&mut self, seq: u32) -> bool {
+        let Some(windows) = self.barrier_windows() else { return true };
+        if !windows.abort_barrier(seq) {
+            return false;
+        }
+        windows.disarm_barrier();
+        let heard: Vec<bool> = (0..self.size()).map(|r| r == 0 || windows.barrier_arrived(seq, r)).collect();
+        self.heard = heard;
+        true
     }
 
     fn barrier_member(&mut self, seq: u32) -> Result<()> {

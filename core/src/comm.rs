@@ -23,6 +23,7 @@ use crate::{
     rendezvous::{self, GroupInfo, PeerInfo},
     stats::{KernelStats, UserStats},
     transport::Transport,
+    window::Arrival,
     wire::{self, seq_at_or_before, Header, Kind, HDR_LEN},
     Config, Datapath, Error, Result, Stats,
 };
@@ -226,9 +227,13 @@ impl Comm {
             failed: vec![false; n],
             close_wait: None,
         };
-        // The first broadcast's root may send before this rank calls it.
+        // The first broadcast's root may send before this rank calls it,
+        // and the first barrier's arrivals may come before rank 0 enters.
         if let Some(windows) = comm.attachment.as_ref().and_then(|a| a.windows()).filter(|_| datapath == Datapath::Kernel) {
             windows.arm_rx_ahead(1, comm.rank() as u32, chunk as u32);
+            if comm.rank() == 0 && n > 1 {
+                windows.arm_barrier(n as u32);
+            }
         }
         Ok(comm)
     }
@@ -463,8 +468,26 @@ impl Comm {
                     self.send_abort(seq, blamed, sender)?;
                     Ok(true)
                 }
-                _ => Ok(false),
+                // An arrival at the next barrier that TC passed up: counted
+                // where TC counts (it cannot complete it: rank 0 is not in).
+                _ => match self.arrive(got.header.seq, sender) {
+                    Arrival::NotOpen => Ok(false),
+                    Arrival::Repeat => {
+                        self.user_stats.duplicates += 1;
+                        Ok(true)
+                    }
+                    Arrival::Counted => Ok(true),
+                    Arrival::Completed => {
+                        self.release_all(got.header.seq)?;
+                        Ok(true)
+                    }
+                },
             },
+            // A late notice of a barrier rank 0 finished without it.
+            Kind::BarrierDone => {
+                self.user_stats.duplicates += 1;
+                Ok(true)
+            }
             Kind::Close if self.rank() == 0 => {
                 // Acknowledged once every rank has closed (`close_root`);
                 // a repeat after that is acknowledged again.

@@ -351,6 +351,27 @@ pub struct Ctl {
     pub tx_reserved: u32,
     /// The reductions armed for kernel folding, by sequence parity.
     pub red: [RedCtl; RED_PHASES as usize],
+    /// The barrier TC counts at rank 0 (armed there only).
+    pub bar: BarCtl,
+}
+
+/// `AGGBOX_BAR_ABORTED`: in [`BarCtl::state`]'s count, rank 0 gave up on
+/// the open barrier.
+pub const BAR_ABORTED: u32 = 0x8000_0000;
+
+/// `struct aggbox_barctl`: the barrier at rank 0 (ebpf/aggbox_barrier.h).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[repr(C)]
+pub struct BarCtl {
+    /// Open barrier seq << 32 | ranks arrived (rank 0 included), changed
+    /// only by compare-and-swap.
+    pub state: u64,
+    /// Who arrived at barrier seq: `bits[seq % 2]`.
+    pub bits: [[u64; crate::wire::MAX_RANKS / 64]; 2],
+    /// Ranks of the group; 0: not armed.
+    pub size: u32,
+    /// Zero.
+    pub reserved: u32,
 }
 
 /// `AGGBOX_CLAIM_OPEN`: armed ahead; the first chunk sets the parameters.
@@ -362,8 +383,8 @@ pub const CLAIM_SET: u32 = 2;
 /// `AGGBOX_CALL_KNOWN`: in `RxCtl::call_key`, the call was made.
 pub const CALL_KNOWN: u32 = 0x8000_0000;
 
-/// Broadcast counters (`enum aggbox_bstat`), in index order.
-pub const BSTAT_NAMES: [&str; 12] = [
+/// Broadcast and barrier counters (`enum aggbox_bstat`), in index order.
+pub const BSTAT_NAMES: [&str; 19] = [
     "cloned",
     "placed",
     "acks_sent",
@@ -376,6 +397,13 @@ pub const BSTAT_NAMES: [&str; 12] = [
     "superchunks",
     "segments_refused",
     "bad_segments",
+    "barrier_folded",
+    "barrier_released",
+    "barrier_answered",
+    "barrier_duplicates",
+    "barrier_to_user",
+    "barrier_contended",
+    "barrier_forged",
 ];
 
 /// `struct aggbox_group`.
@@ -547,6 +575,13 @@ mod tests {
             "AGGBOX_CLAIM_SET",
             "AGGBOX_BSTAT_MAX",
             "AGGBOX_BSTAT_TO_USER",
+            "AGGBOX_BSTAT_BARRIER_FOLDED",
+            "AGGBOX_BSTAT_BARRIER_FORGED",
+            "offsetof(struct aggbox_ctl, bar)",
+            "sizeof(struct aggbox_barctl)",
+            "offsetof(struct aggbox_barctl, bits[1])",
+            "offsetof(struct aggbox_barctl, size)",
+            "AGGBOX_BAR_ABORTED",
             "offsetof(struct aggbox_port, group)",
             "sizeof(struct aggbox_group)",
             "offsetof(struct aggbox_group, token)",
@@ -618,6 +653,13 @@ mod tests {
             CLAIM_SET as usize,
             BSTAT_NAMES.len(),
             BSTAT_NAMES.iter().position(|n| *n == "to_user").unwrap(),
+            BSTAT_NAMES.iter().position(|n| *n == "barrier_folded").unwrap(),
+            BSTAT_NAMES.iter().position(|n| *n == "barrier_forged").unwrap(),
+            offset_of!(Ctl, bar),
+            size_of::<BarCtl>(),
+            offset_of!(BarCtl, bits) + size_of::<[u64; crate::wire::MAX_RANKS / 64]>(),
+            offset_of!(BarCtl, size),
+            BAR_ABORTED as usize,
             offset_of!(PortValue, group),
             size_of::<GroupValue>(),
             offset_of!(GroupValue, token),

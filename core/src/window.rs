@@ -1,8 +1,8 @@
 //! The kernel windows, mapped into the process: the control block of a
 //! communicator (`ab_ctl`), its broadcast receive window (`ab_rxwin`) and
 //! send window (`ab_txwin`), its reduction slots (`ab_redwin`), its
-//! reduction result window (`ab_redres`) and its approximate-agreement
-//! phase fold (`ab_agree`). The XDP program writes chunks and counts into them,
+//! reduction result window (`ab_redres`), its barrier count (in `ab_ctl`)
+//! and its approximate-agreement phase fold (`ab_agree`). The XDP program writes chunks and counts into them,
 //! the process reads them (and arms operations) with plain memory accesses:
 //! no system call per operation or per chunk. Fields both sides write are
 //! accessed atomically.
@@ -15,7 +15,7 @@ use std::{
 
 use crate::{
     maps::{
-        AgreeCtl, Ctl, RedCtl, AGREE_NO_PHASE, RedSlot, RxCtl, RxSlot, TxSlot, CALL_KNOWN, CLAIM_OPEN, CLAIM_SET, CTL_SLOTS, FOLD_MAX_S, FOLD_MAX_U,
+        AgreeCtl, Ctl, RedCtl, AGREE_NO_PHASE, BAR_ABORTED, RedSlot, RxCtl, RxSlot, TxSlot, CALL_KNOWN, CLAIM_OPEN, CLAIM_SET, CTL_SLOTS, FOLD_MAX_S, FOLD_MAX_U,
         FOLD_MIN_S, FOLD_MIN_U, RED_AHEAD, RED_PHASES, RED_SLOTS, RES_SLOTS, RX_PHASES, RX_SLOTS, RX_WINDOW, TX_SLOTS,
     },
     Error, Result,
@@ -786,6 +786,134 @@ impl Windows {
             self.agree_ctl().write(AgreeCtl { phase: AGREE_NO_PHASE, ..AgreeCtl::default() });
         }
         std::sync::atomic::fence(std::sync::atomic::Ordering::SeqCst);
+    }
+}
+
+// ---- Barrier (ebpf/aggbox_barrier.h) ---------------------------------------
+
+/// What counting a barrier arrival did ([`Windows::arrive`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Arrival {
+    /// Counted; others are still missing.
+    Counted,
+    /// Counted, and it completed the barrier (the next one is open): the
+    /// caller releases every rank.
+    Completed,
+    /// The rank was counted before.
+    Repeat,
+    /// Not the open barrier (or it was aborted): nothing changed.
+    NotOpen,
+}
+
+fn bar_state(seq: u32, count: u32) -> u64 {
+    (u64::from(seq) << 32) | u64::from(count)
+}
+
+impl Windows {
+    fn bar(&self) -> *mut crate::maps::BarCtl {
+        // SAFETY: inside this communicator's control block.
+        unsafe { std::ptr::addr_of_mut!((*self.ctl()).bar) }
+    }
+
+    fn bar_state(&self) -> &AtomicU64 {
+        // SAFETY: an aligned u64 of this communicator's control block.
+        unsafe { &*(std::ptr::addr_of!((*self.bar()).state) as *const AtomicU64) }
+    }
+
+    fn bar_bits(&self, seq: u32, word: usize) -> &AtomicU64 {
+        // SAFETY: likewise (word < RANK_WORDS, checked by indexing).
+        unsafe { &*(std::ptr::addr_of!((*self.bar()).bits[(seq & 1) as usize][word]) as *const AtomicU64) }
+    }
+
+    fn bar_size(&self) -> &AtomicU32 {
+        self.ctl_field(std::mem::offset_of!(Ctl, bar) + std::mem::offset_of!(crate::maps::BarCtl, size))
+    }
+
+    /// Arms the kernel barrier of a group of `size` ranks at rank 0, with
+    /// barrier 1 open: from now on TC counts arrivals.
+    pub fn arm_barrier(&self, size: u32) {
+        use std::sync::atomic::Ordering::SeqCst;
+        for seq in 0..2 {
+            for word in 0..crate::wire::MAX_RANKS / 64 {
+                self.bar_bits(seq, word).store(0, SeqCst);
+            }
+        }
+        self.bar_state().store(bar_state(1, 0), SeqCst);
+        self.bar_size().store(size, SeqCst);
+    }
+
+    /// Stops the kernel barrier: TC passes every arrival up.
+    pub fn disarm_barrier(&self) {
+        self.bar_size().store(0, std::sync::atomic::Ordering::SeqCst);
+    }
+
+    /// Whether the kernel barrier is armed.
+    pub fn barrier_armed(&self) -> bool {
+        self.bar_size().load(std::sync::atomic::Ordering::SeqCst) != 0
+    }
+
+    /// The open barrier's sequence number.
+    pub fn barrier_open(&self) -> u32 {
+        (self.bar_state().load(std::sync::atomic::Ordering::SeqCst) >> 32) as u32
+    }
+
+    /// Counts `rank`'s arrival at barrier `seq` as TC does
+    /// (`aggbox_bar_fold`): rank 0's own, and arrivals TC passed up.
+    pub fn arrive(&self, seq: u32, rank: usize) -> Arrival {
+        use std::sync::atomic::Ordering::SeqCst;
+        let size = self.bar_size().load(SeqCst);
+        if size == 0 || rank >= size as usize {
+            return Arrival::NotOpen;
+        }
+        let open = |state: u64| (state >> 32) as u32 == seq && (state as u32) & BAR_ABORTED == 0;
+        if !open(self.bar_state().load(SeqCst)) {
+            return Arrival::NotOpen;
+        }
+        let (word, bit) = (self.bar_bits(seq, rank / 64), 1u64 << (rank % 64));
+        if word.fetch_or(bit, SeqCst) & bit != 0 {
+            return Arrival::Repeat;
+        }
+        let mut state = self.bar_state().load(SeqCst);
+        loop {
+            if !open(state) {
+                word.fetch_and(!bit, SeqCst);
+                return Arrival::NotOpen;
+            }
+            let count = state as u32 + 1;
+            let next = if count >= size { bar_state(seq.wrapping_add(1), 0) } else { state + 1 };
+            match self.bar_state().compare_exchange(state, next, SeqCst, SeqCst) {
+                Ok(_) if count >= size => {
+                    for w in 0..crate::wire::MAX_RANKS / 64 {
+                        self.bar_bits(seq.wrapping_add(1), w).store(0, SeqCst);
+                    }
+                    return Arrival::Completed;
+                }
+                Ok(_) => return Arrival::Counted,
+                Err(now) => state = now,
+            }
+        }
+    }
+
+    /// Gives up on barrier `seq`: TC stops counting it and passes its
+    /// arrivals up. Returns false when the barrier completed first.
+    pub fn abort_barrier(&self, seq: u32) -> bool {
+        use std::sync::atomic::Ordering::SeqCst;
+        let mut state = self.bar_state().load(SeqCst);
+        loop {
+            if (state >> 32) as u32 != seq {
+                return false;
+            }
+            match self.bar_state().compare_exchange(state, state | u64::from(BAR_ABORTED), SeqCst, SeqCst) {
+                Ok(_) => return true,
+                Err(now) => state = now,
+            }
+        }
+    }
+
+    /// Whether `rank` arrived at barrier `seq` (the open or aborted one).
+    pub fn barrier_arrived(&self, seq: u32, rank: usize) -> bool {
+        rank < crate::wire::MAX_RANKS
+            && self.bar_bits(seq, rank / 64).load(std::sync::atomic::Ordering::SeqCst) & (1u64 << (rank % 64)) != 0
     }
 }
 

@@ -22,7 +22,8 @@ pub const FLAG_FANOUT: u16 = 0x0002;
 pub const FLAG_GROUP: u16 = 0x0004;
 /// Header flag of `BCAST_ABORT`: the ranks' calls disagree.
 pub const FLAG_MISMATCH: u16 = 0x0008;
-/// Header flag of `BCAST_LANDED`: the kernel sent this chunk's ACK already.
+/// Header flag of `BCAST_LANDED`: the kernel sent this chunk's ACK already;
+/// of `BARRIER_DONE`: it sent every member the barrier's release.
 pub const FLAG_ANSWERED: u16 = 0x0010;
 /// `AGGBOX_FLAG_NOTIFY`: a RED_RESULT XDP made goes up as `RedLanded`
 /// after TC ingress fanned it out (kernel-internal, dropped on the wire).
@@ -126,6 +127,10 @@ pub enum Kind {
     /// reduction `seq` landed (owned sums XDP completed and results it
     /// placed in the result window; no body).
     RedLanded = 15,
+    /// TC ingress -> rank 0's socket: "barrier `seq` is complete", from the
+    /// rank whose arrival completed it; flagged [`FLAG_ANSWERED`] when TC
+    /// sent every member its release (else the process sends them).
+    BarrierDone = 16,
     /// mapper -> owner: key-value batch `chunk` (numbered per mapper and
     /// owner, across operations) of `count` pairs of operation `seq`
     /// (docs/KV.md).
@@ -165,6 +170,7 @@ impl Kind {
             13 => Kind::RedAbort,
             14 => Kind::RedSum,
             15 => Kind::RedLanded,
+            16 => Kind::BarrierDone,
             20 => Kind::KvData,
             21 => Kind::KvAck,
             22 => Kind::KvFin,
@@ -319,6 +325,7 @@ mod tests {
                 "AGGBOX_KIND_RED_ABORT",
                 "AGGBOX_KIND_RED_SUM",
                 "AGGBOX_KIND_RED_LANDED",
+                "AGGBOX_KIND_BARRIER_DONE",
                 "AGGBOX_KIND_MAX",
                 "AGGBOX_KIND_KV_FIRST",
                 "AGGBOX_KIND_KV_DATA",
@@ -382,7 +389,8 @@ mod tests {
             Kind::RedAbort as u64,
             Kind::RedSum as u64,
             Kind::RedLanded as u64,
-            Kind::RedLanded as u64 + 1,
+            Kind::BarrierDone as u64,
+            Kind::BarrierDone as u64 + 1,
             Kind::KvData as u64,
             Kind::KvData as u64,
             Kind::KvAck as u64,
@@ -458,7 +466,7 @@ mod tests {
         assert_eq!(Header::read_from(&bad), Err(Malformed::BadKind));
         bad[5] = 200;
         assert_eq!(Header::read_from(&bad), Err(Malformed::BadKind));
-        for kind in [16, 19, 25] {
+        for kind in [17, 19, 25] {
             bad[5] = kind;
             assert_eq!(Header::read_from(&bad), Err(Malformed::BadKind), "kind {kind}");
         }

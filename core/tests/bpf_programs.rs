@@ -116,7 +116,7 @@ fn malformed() -> Vec<(&'static str, Vec<u8>, &'static str)> {
         ("kind 0", aggbox_header(magic, 1, 0, GROUP, 1, TOKEN), "drop_bad_kind"),
         ("kind 200", aggbox_header(magic, 1, 200, GROUP, 1, TOKEN), "drop_bad_kind"),
         // Between the collectives' kinds and key-value reduce's (20..=24), and past them.
-        ("kind 16", aggbox_header(magic, 1, 16, GROUP, 1, TOKEN), "drop_bad_kind"),
+        ("kind 17", aggbox_header(magic, 1, 17, GROUP, 1, TOKEN), "drop_bad_kind"),
         ("kind 19", aggbox_header(magic, 1, 19, GROUP, 1, TOKEN), "drop_bad_kind"),
         ("kind 25", aggbox_header(magic, 1, 25, GROUP, 1, TOKEN), "drop_bad_kind"),
         ("unknown group", aggbox_header(magic, 1, 1, GROUP + 1, 1, TOKEN), "drop_unknown_group"),
@@ -1602,4 +1602,170 @@ fn tc_turns_the_completing_super_chunk_into_results_and_places_others() {
     assert_eq!(h.run_gso(Prog::TcIngress, &wrong_owner, 4, stride).unwrap().run.retval, tc::OK);
     assert_eq!(h.run_gso(Prog::TcIngress, &results, 4, stride - 8).unwrap().run.retval, tc::SHOT);
     assert_eq!(rstat(&h, "bad_segments"), 1);
+}
+
+// ---- Barrier (ebpf/aggbox_barrier.h) ----------------------------------------
+
+use aggbox_core::window::Arrival;
+
+const BARRIER_ARRIVE: u8 = 1;
+const BARRIER_RELEASE: u8 = 2;
+const BARRIER_DONE: u8 = 16;
+
+/// `sender`'s BARRIER_ARRIVE of barrier `seq`, arriving at rank 0.
+fn arrive_from(sender: usize, seq: u32) -> Vec<u8> {
+    udp(rank_ip(sender), rank_port(sender), LOCAL_IP, LOCAL_PORT, &bcast_header(BARRIER_ARRIVE, sender as u16, seq, 0, 0, 0))
+}
+
+fn barrier_stats(h: &Harness) -> Vec<(&'static str, u64)> {
+    let stats = h.broadcast_stats().unwrap();
+    BSTAT_NAMES.iter().copied().zip(stats).filter(|(n, v)| n.starts_with("barrier_") && *v != 0).collect()
+}
+
+/// The (source, destination) IPv4 addresses and UDP ports of a frame.
+fn ends(frame: &[u8]) -> ((Ipv4Addr, u16), (Ipv4Addr, u16)) {
+    let ip = |at: usize| Ipv4Addr::new(frame[at], frame[at + 1], frame[at + 2], frame[at + 3]);
+    let port = |at: usize| u16::from_be_bytes([frame[at], frame[at + 1]]);
+    ((ip(14 + 12), port(34)), (ip(14 + 16), port(36)))
+}
+
+fn sender_of(frame: &[u8]) -> u16 {
+    u16::from_le_bytes([frame[42 + 12], frame[42 + 13]])
+}
+
+/// TC ingress on either hooks counts arrivals at rank 0; the completing
+/// one goes up as the one notice (its releases cloned out), a repeat of the
+/// barrier just completed is answered, and everything else goes up.
+fn counts_arrivals_and_lets_one_notice_up(tc_hooks: bool) {
+    let mut h = if tc_hooks { Harness::tc_hooks() } else { Harness::new() }.unwrap();
+    let windows = h.register_with_windows(LOCAL_IP, LOCAL_PORT, &agree_group(), CTL).unwrap();
+    let n = AGREE_RANKS;
+    let run = |frame: &[u8]| h.run(Prog::TcIngress, frame).unwrap();
+
+    // Not armed: up to the process.
+    assert_eq!(run(&arrive_from(1, 1)).retval, tc::OK);
+    windows.arm_barrier(n as u32);
+    assert_eq!(windows.arrive(1, 0), Arrival::Counted, "rank 0 itself");
+    for sender in 1..n - 1 {
+        assert_eq!(run(&arrive_from(sender, 1)).retval, tc::SHOT, "rank {sender}: counted");
+    }
+    assert_eq!(run(&arrive_from(2, 1)).retval, tc::SHOT, "a repeat");
+    assert!((0..n - 1).all(|r| windows.barrier_arrived(1, r)) && !windows.barrier_arrived(1, n - 1));
+    assert_eq!(windows.barrier_open(), 1);
+
+    // The last one: its releases go out, and it goes up as BARRIER_DONE
+    // from its sender, flagged: every release went.
+    let out = run(&arrive_from(n - 1, 1));
+    assert_eq!(out.retval, tc::OK);
+    assert_eq!((kind_of(&out.frame), sender_of(&out.frame), flags_of(&out.frame)), (BARRIER_DONE, n as u16 - 1, FLAG_ANSWERED));
+    assert_eq!(ends(&out.frame), ((rank_ip(n - 1), rank_port(n - 1)), (LOCAL_IP, LOCAL_PORT)));
+    assert_eq!(out.frame.len(), 14 + 20 + 8 + 40);
+    assert!(ipv4_checksum_ok(&out.frame[14..34]));
+    assert_eq!(windows.barrier_open(), 2, "the next barrier is open");
+    assert!((0..n).all(|r| !windows.barrier_arrived(2, r)), "with nobody in it");
+
+    // Rank 3 lost its release and asks again: answered with it.
+    let out = run(&arrive_from(3, 1));
+    assert_eq!(out.retval, tc::REDIRECT);
+    assert_eq!((kind_of(&out.frame), sender_of(&out.frame), hdr_u32(&out.frame, 24)), (BARRIER_RELEASE, 0, 1));
+    assert_eq!(ends(&out.frame), ((LOCAL_IP, LOCAL_PORT), (rank_ip(3), rank_port(3))));
+    assert!(ipv4_checksum_ok(&out.frame[14..34]));
+
+    // The next barrier: counted; a later or an older one: up.
+    assert_eq!(run(&arrive_from(1, 2)).retval, tc::SHOT);
+    assert_eq!(run(&arrive_from(1, 3)).retval, tc::OK);
+    assert_eq!(run(&arrive_from(1, 0)).retval, tc::OK);
+    // Rank 0 gives up on barrier 2: later arrivals go up, and who had
+    // arrived stays readable.
+    assert!(windows.abort_barrier(2));
+    assert_eq!(run(&arrive_from(2, 2)).retval, tc::OK);
+    assert!(windows.barrier_arrived(2, 1) && !windows.barrier_arrived(2, 2));
+    assert_eq!(windows.arrive(2, 0), Arrival::NotOpen);
+    assert!(!windows.abort_barrier(1), "barrier 1 had completed");
+
+    // A BARRIER_DONE from the wire is dropped.
+    let forged = udp(rank_ip(1), rank_port(1), LOCAL_IP, LOCAL_PORT, &bcast_header(BARRIER_DONE, 1, 2, 0, 0, 0));
+    assert_eq!(run(&forged).retval, tc::SHOT);
+    assert_eq!(
+        barrier_stats(&h),
+        vec![
+            ("barrier_folded", n as u64 - 2 + 1),
+            ("barrier_released", 1),
+            ("barrier_answered", 1),
+            ("barrier_duplicates", 1),
+            ("barrier_to_user", 4),
+            ("barrier_forged", 1),
+        ]
+    );
+}
+
+/// When rank 0 enters last, its own count completes the barrier; arrivals
+/// TC passed up are counted by the process with the same atomics.
+fn the_process_completes_what_it_enters_last(tc_hooks: bool) {
+    let mut h = if tc_hooks { Harness::tc_hooks() } else { Harness::new() }.unwrap();
+    let windows = h.register_with_windows(LOCAL_IP, LOCAL_PORT, &agree_group(), CTL).unwrap();
+    let n = AGREE_RANKS;
+    windows.arm_barrier(n as u32);
+    for seq in 1..=3u32 {
+        for sender in 1..n - 1 {
+            assert_eq!(h.run(Prog::TcIngress, &arrive_from(sender, seq)).unwrap().retval, tc::SHOT);
+        }
+        // One arrival reached the process (as if TC had passed it up).
+        assert_eq!(windows.arrive(seq, n - 1), Arrival::Counted);
+        assert_eq!(windows.arrive(seq, n - 1), Arrival::Repeat);
+        assert_eq!(windows.arrive(seq + 1, 1), Arrival::NotOpen, "not open yet");
+        assert_eq!(windows.arrive(seq, 0), Arrival::Completed, "barrier {seq}");
+        assert_eq!(windows.barrier_open(), seq + 1);
+    }
+    assert_eq!(bstat(&h, "barrier_released"), 0, "the process released them all");
+    assert_eq!(bstat(&h, "barrier_folded"), 3 * (n as u64 - 2));
+}
+
+/// Many CPUs' worth of arrivals at once (threads of the process and test
+/// runs of TC together): every barrier completes exactly once.
+fn concurrent_arrivals_complete_each_barrier_once(tc_hooks: bool) {
+    let mut h = if tc_hooks { Harness::tc_hooks() } else { Harness::new() }.unwrap();
+    let windows = h.register_with_windows(LOCAL_IP, LOCAL_PORT, &agree_group(), CTL).unwrap();
+    let n = AGREE_RANKS;
+    windows.arm_barrier(n as u32);
+    let rounds = 200u32;
+    let mut completed_by_process = 0;
+    let mut notices = 0;
+    for seq in 1..=rounds {
+        let results: Vec<Arrival> = std::thread::scope(|s| {
+            let tc = s.spawn(|| {
+                (1..n - 2)
+                    .map(|sender| h.run(Prog::TcIngress, &arrive_from(sender, seq)).unwrap())
+                    .filter(|out| out.retval == tc::OK && kind_of(&out.frame) == BARRIER_DONE)
+                    .count()
+            });
+            let process: Vec<Arrival> = [n - 2, n - 1, 0].iter().map(|&r| windows.arrive(seq, r)).collect();
+            notices += tc.join().unwrap();
+            process
+        });
+        completed_by_process += results.iter().filter(|a| **a == Arrival::Completed).count();
+        assert_eq!(windows.barrier_open(), seq + 1, "barrier {seq}");
+    }
+    assert_eq!(completed_by_process + notices, rounds as usize, "each barrier completed once");
+    assert_eq!(bstat(&h, "barrier_released") as usize, notices);
+}
+
+#[test]
+fn tc_counts_barrier_arrivals_and_lets_one_notice_up() {
+    counts_arrivals_and_lets_one_notice_up(true);
+}
+
+#[test]
+fn tc_counts_barrier_arrivals_behind_xdp_too() {
+    counts_arrivals_and_lets_one_notice_up(false);
+}
+
+#[test]
+fn the_process_completes_a_barrier_it_enters_last() {
+    the_process_completes_what_it_enters_last(true);
+}
+
+#[test]
+fn concurrent_barrier_arrivals_complete_each_barrier_once() {
+    concurrent_arrivals_complete_each_barrier_once(true);
 }

@@ -29,8 +29,21 @@ fn report(comm: &Comm, phase: &str) {
         Some(aggbox_core::loader::Hooks::Tc) => Prog::TcIngress,
         _ => Prog::XdpIngress,
     };
+    // The kernel's barrier counters (rank 0's TC ingress counts arrivals).
+    let barrier: Vec<String> = comm
+        .attachment()
+        .map(|a| a.broadcast_stats().expect("broadcast stats"))
+        .map(|stats| {
+            aggbox_core::maps::BSTAT_NAMES
+                .iter()
+                .zip(stats)
+                .filter(|(name, _)| name.starts_with("barrier_"))
+                .map(|(name, value)| format!("k_{name}={value}"))
+                .collect()
+        })
+        .unwrap_or_default();
     println!(
-        "phase={phase} rank={} size={} datapath={} hooks={hooks} shared_with={shared} barriers={} sent={} received={} retransmits={} duplicates={} xdp_accepted={} xdp_seen={} ingress_accepted={} reason={}",
+        "phase={phase} rank={} size={} datapath={} hooks={hooks} shared_with={shared} barriers={} sent={} received={} retransmits={} duplicates={} xdp_accepted={} xdp_seen={} ingress_accepted={} reason={} {}",
         comm.rank(),
         comm.size(),
         comm.datapath().name(),
@@ -43,6 +56,7 @@ fn report(comm: &Comm, phase: &str) {
         k.get(Prog::XdpIngress, "seen"),
         k.get(first, "accepted"),
         comm.datapath_reason().unwrap_or("-").replace(' ', "_"),
+        barrier.join(" "),
     );
 }
 
