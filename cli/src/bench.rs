@@ -3615,7 +3615,7 @@ pub fn kv(hosts: usize, pairs: usize, distinct: usize, rounds: usize, capacity: 
         batches_per_op.push(run.batches / rounds as f64);
         let phase = |i: usize| median(&mut run.phases.iter().map(|p| p[i]).collect::<Vec<_>>());
         println!(
-            "{name:<14} {:>8.3} s  {:>6.2} M pairs/s  (slowest rank's begin {:.3} s, emit {:.3} s, finish {:.3} s)  {:.2} M pairs sent per operation ({:.0} batches): {:.0}% folded by XDP, {:.0}% spilled, {:.0}% by owners' processes; {:.0} retransmits per operation",
+            "{name:<14} {:>8.3} s  {:>6.2} M pairs/s  (slowest rank's begin {:.3} s, emit {:.3} s, finish {:.3} s)  {:.2} M pairs sent per operation ({:.0} batches): {:.0}% folded by the kernel, {:.0}% spilled, {:.0}% by owners' processes; {:.0} retransmits per operation",
             t,
             pairs as f64 / t / 1e6,
             phase(0),
