@@ -269,14 +269,28 @@ impl Harness {
     /// The fd of loaded program `prog`, for [`test_run_timed`] (e.g. from
     /// several threads at once).
     pub fn prog_fd(&self, prog: Prog) -> Result<BorrowedFd<'_>> {
+        let (program, name) = self.program(prog);
+        let fd = program.fd().map_err(|e| Error::Internal(format!("{name} fd: {e}")))?;
+        Ok(fd.as_fd())
+    }
+
+    /// How many instructions the verifier processed to load `prog` (the
+    /// kernel's `verified_insns`): what loading costs each joining rank.
+    pub fn verified_insns(&self, prog: Prog) -> Result<u32> {
+        let (program, name) = self.program(prog);
+        let info = program.info().map_err(|e| Error::Internal(format!("{name} info: {e}")))?;
+        info.verified_instruction_count()
+            .ok_or_else(|| Error::Unsupported(format!("{name}: the kernel does not report verified instructions")))
+    }
+
+    /// Loaded program `prog` and its name.
+    fn program(&self, prog: Prog) -> (&aya::programs::Program, &'static str) {
         let (index, name) = match prog {
             Prog::XdpIngress => (0, bpf::programs::XDP_INGRESS),
             Prog::TcIngress => (1, bpf::programs::TC_INGRESS),
             Prog::TcEgress => (2, bpf::programs::TC_EGRESS),
         };
-        let program = self.objects[index].program(name).expect("program in object");
-        let fd = program.fd().map_err(|e| Error::Internal(format!("{name} fd: {e}")))?;
-        Ok(fd.as_fd())
+        (self.objects[index].program(name).expect("program in object"), name)
     }
 
     /// The counters every program keeps.
