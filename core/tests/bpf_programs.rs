@@ -1770,8 +1770,9 @@ fn concurrent_barrier_arrivals_complete_each_barrier_once() {
     concurrent_arrivals_complete_each_barrier_once(true);
 }
 
-/// The verifier's work for each program as the TC hooks load it. Every
-/// joining rank pays it under the machine-wide join lock, so a program
+/// The verifier's work for each program as an attachment loads it (TC
+/// ingress with `aggbox_tc_hooks` set; XDP ingress, loaded only on the XDP
+/// hooks, has no such switch). Every joining rank pays it under the machine-wide join lock, so a program
 /// whose verification grows several-fold fails here, not as a slow join
 /// (state explosion: a key-value fast path once took TC ingress from
 /// 244,852 to 967,696 instructions, near the kernel's limit of a million,
